@@ -1,0 +1,195 @@
+"""Kiln's one root error type and its stable codes.
+
+Every failure a user can see is a :class:`KilnError` with a stable ``code``, a message
+and a hint. The CLI prints them and exits non-zero; the API maps ``code`` to an HTTP
+status through :data:`HTTP_STATUS` in a single handler. No traceback reaches a user.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "HTTP_STATUS",
+    "KilnError",
+    "InvalidSpec",
+    "UnsupportedFormat",
+    "SourceUnreadable",
+    "UnsafeInput",
+    "UploadTooLarge",
+    "NoRoute",
+    "EngineUnavailable",
+    "ConversionFailed",
+    "ParityFailed",
+    "Timeout",
+    "Cancelled",
+    "NotFound",
+    "Unauthorized",
+    "Forbidden",
+    "RepositoryConflict",
+    "ServiceUnavailable",
+]
+
+
+class KilnError(Exception):
+    """Root of every error Kiln reports to a user; ``code`` never changes meaning."""
+
+    code = "INTERNAL"
+    default_hint = "This is a bug in Kiln; please report it with the job id."
+
+    def __init__(self, message: str, *, hint: str | None = None, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint if hint is not None else self.default_hint
+        self.details = details
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON body shared by the CLI (--json) and the API."""
+        body: dict[str, Any] = {"code": self.code, "message": self.message, "hint": self.hint}
+        if self.details:
+            body["details"] = self.details
+        return body
+
+    @classmethod
+    def from_dict(cls, body: dict[str, Any]) -> KilnError:
+        """Rebuild an error recorded in a job (the code selects the class)."""
+        err_cls = _BY_CODE.get(body.get("code", ""), KilnError)
+        err = err_cls(body.get("message", ""), hint=body.get("hint"), **(body.get("details") or {}))
+        if err_cls is KilnError:
+            err.code = body.get("code", KilnError.code)
+        return err
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+class InvalidSpec(KilnError):
+    code = "INVALID_SPEC"
+    default_hint = "Check the spec against the JSON Schema printed by `kiln schema`."
+
+
+class UnsupportedFormat(KilnError):
+    code = "UNSUPPORTED_FORMAT"
+    default_hint = (
+        "Kiln reads ONNX, Keras (.keras/.h5), TF SavedModel (dir/.zip/.tar.gz), TFLite, "
+        "TorchScript (.pt), torch.export (.pt2) and OpenVINO IR (.xml+.bin); "
+        "set `source_format` in the spec if detection guessed wrong."
+    )
+
+
+class SourceUnreadable(KilnError):
+    code = "SOURCE_UNREADABLE"
+    default_hint = "The file looks truncated or corrupt; re-export it from the training framework."
+
+
+class UnsafeInput(KilnError):
+    code = "UNSAFE_INPUT"
+    default_hint = "Kiln never runs code from a model; export a format that carries no code."
+
+
+class UploadTooLarge(KilnError):
+    code = "UPLOAD_TOO_LARGE"
+    default_hint = "Raise KILN_MAX_UPLOAD_BYTES on the server or upload a smaller model."
+
+
+class NoRoute(KilnError):
+    code = "NO_ROUTE"
+    default_hint = "Run `kiln routes` to see which formats reach which targets."
+
+
+class EngineUnavailable(KilnError):
+    code = "ENGINE_UNAVAILABLE"
+    default_hint = "Install the engine's extra (pip install 'kiln[<engine>]') or start its worker."
+
+
+class ConversionFailed(KilnError):
+    code = "CONVERSION_FAILED"
+    default_hint = "The step's tool failed; its output tail is in the details."
+
+
+class ParityFailed(KilnError):
+    code = "PARITY_FAILED"
+    default_hint = (
+        "The artifact's outputs differ from the source model beyond tolerance; "
+        "try a higher precision or relax `tolerances` in the spec if the difference is acceptable."
+    )
+
+
+class Timeout(KilnError):
+    code = "TIMEOUT"
+    default_hint = "The step exceeded its time limit; raise it in the settings or simplify the model."
+
+
+class Cancelled(KilnError):
+    code = "CANCELLED"
+    default_hint = "The job was cancelled by a user."
+
+
+class NotFound(KilnError):
+    code = "NOT_FOUND"
+    default_hint = "Check the id or name."
+
+
+class Unauthorized(KilnError):
+    code = "UNAUTHORIZED"
+    default_hint = "Send `Authorization: Bearer <token>` with a valid API token."
+
+
+class Forbidden(KilnError):
+    code = "FORBIDDEN"
+    default_hint = "The token is valid but lacks the scope this call needs."
+
+
+class RepositoryConflict(KilnError):
+    code = "REPOSITORY_CONFLICT"
+    default_hint = "Pick another model name or version, or leave `version` unset to take the next free one."
+
+
+class ServiceUnavailable(KilnError):
+    code = "SERVICE_UNAVAILABLE"
+    default_hint = "A backing service (broker, database or storage) is not answering; retry shortly."
+
+
+_BY_CODE: dict[str, type[KilnError]] = {
+    cls.code: cls
+    for cls in (
+        KilnError,
+        InvalidSpec,
+        UnsupportedFormat,
+        SourceUnreadable,
+        UnsafeInput,
+        UploadTooLarge,
+        NoRoute,
+        EngineUnavailable,
+        ConversionFailed,
+        ParityFailed,
+        Timeout,
+        Cancelled,
+        NotFound,
+        Unauthorized,
+        Forbidden,
+        RepositoryConflict,
+        ServiceUnavailable,
+    )
+}
+
+#: The one table from error code to HTTP status, used by the API's single handler.
+HTTP_STATUS: dict[str, int] = {
+    "INVALID_SPEC": 422,
+    "UNSUPPORTED_FORMAT": 415,
+    "SOURCE_UNREADABLE": 400,
+    "UNSAFE_INPUT": 400,
+    "UPLOAD_TOO_LARGE": 413,
+    "NO_ROUTE": 422,
+    "ENGINE_UNAVAILABLE": 503,
+    "CONVERSION_FAILED": 500,
+    "PARITY_FAILED": 500,
+    "TIMEOUT": 504,
+    "CANCELLED": 409,
+    "NOT_FOUND": 404,
+    "UNAUTHORIZED": 401,
+    "FORBIDDEN": 403,
+    "REPOSITORY_CONFLICT": 409,
+    "SERVICE_UNAVAILABLE": 503,
+    "INTERNAL": 500,
+}

@@ -1,0 +1,102 @@
+"""What every exporter does after writing its files: parity against the source, benchmark."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from services.artifacts import Artifact
+from services.benchmark import benchmark_runner
+from services.errors import ParityFailed
+from services.formats import Format
+from services.pipeline.context import StepContext
+from services.pipeline.reference import ReferenceData, load_reference
+from services.runners import ModelRunner, open_runner
+from services.spec import Precision
+from services.validation import check_parity
+
+__all__ = ["adapt_feed", "finish_export", "calibration_feeds"]
+
+
+def adapt_feed(feed: dict[str, np.ndarray], runner: ModelRunner) -> dict[str, np.ndarray]:
+    """Map reference inputs onto the artifact's inputs: by name, else by position; cast dtypes."""
+    names = [t.name for t in runner.inputs]
+    if set(names) == set(feed):
+        pairs = [(t, feed[t.name]) for t in runner.inputs]
+    else:
+        if len(names) != len(feed):
+            raise ParityFailed(f"the artifact takes inputs {names}, the source {sorted(feed)}")
+        pairs = list(zip(runner.inputs, feed.values(), strict=True))
+    out = {}
+    for t, arr in pairs:
+        want = np.dtype(t.dtype) if t.dtype not in ("str", "bfloat16") else arr.dtype
+        out[t.name] = arr.astype(want) if arr.dtype != want and want.kind in "fiub" else arr
+    return out
+
+
+def calibration_feeds(ref: ReferenceData) -> tuple[list[dict[str, np.ndarray]], str]:
+    """Return the samples int8 calibration uses, and a label saying where they came from."""
+    if ref.inputs_from == "calibration":
+        return ref.inputs, "calibration file"
+    return ref.inputs, f"generated samples, not real data ({ref.inputs_from})"
+
+
+def finish_export(
+    ctx: StepContext,
+    *,
+    fmt: Format,
+    entry: str,
+    precision: Precision,
+    serving: dict[str, Any],
+    runner_options: dict[str, Any] | None = None,
+    engine_details: dict[str, Any] | None = None,
+) -> Artifact:
+    """Validate the artifact at ``ctx.out_dir/entry`` against the reference, benchmark it, describe it.
+
+    Raises PARITY_FAILED with the numbers when the artifact disagrees with the source beyond
+    the spec's tolerances for ``precision``.
+    """
+    ref = load_reference(ctx.reference)
+    runner = open_runner(fmt, ctx.out_dir / entry, **(runner_options or {}))
+    try:
+        ctx.progress(f"checking parity on {ref.samples} samples")
+        actual = [runner.run(adapt_feed(feed, runner)) for feed in ref.inputs]
+        tol = ctx.spec.tolerances_for(precision)
+        parity = check_parity(
+            actual,
+            ref.outputs,
+            tol,
+            inputs_from=ref.inputs_from,
+            output_order=[t.name for t in runner.outputs],
+            expected_order=ref.output_names,
+            raise_on_failure=False,
+        )
+        if not parity.passed:
+            raise ParityFailed(
+                f"{ctx.step.target} {precision.value} artifact differs from the source: " + "; ".join(parity.failures),
+                parity=parity.to_dict(),
+                target=ctx.step.target,
+            )
+        bench = []
+        if ctx.spec.bench.enabled:
+            ctx.progress("benchmarking")
+            bench = [b.to_dict() for b in benchmark_runner(runner, ctx.spec)]
+        io = {"inputs": [t.to_dict() for t in runner.inputs], "outputs": [t.to_dict() for t in runner.outputs]}
+    finally:
+        runner.close()
+    return Artifact(
+        root=ctx.out_dir,
+        kind=fmt.value,
+        entry=entry,
+        meta={
+            "target": ctx.step.target,
+            "format": fmt.value,
+            "precision": precision.value,
+            "io": io,
+            "parity": parity.to_dict(),
+            "benchmark": bench,
+            "serving": serving,
+            "engine_details": engine_details or {},
+        },
+    )

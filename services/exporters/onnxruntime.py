@@ -1,0 +1,99 @@
+"""The onnxruntime target: the optimised model.onnx at fp32, fp16 or int8, served by Triton.
+
+fp16 uses onnxruntime's own float16 converter with fp32 inputs and outputs kept (callers
+need not change their feeds); int8 is onnxruntime's static QDQ quantisation calibrated on
+the job's calibration data (or generated samples, labelled as such in the report).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from services.artifacts import Artifact
+from services.exporters._common import calibration_feeds, finish_export
+from services.formats import Format
+from services.onnx_io import load_onnx, save_onnx
+from services.pipeline.context import StepContext
+from services.pipeline.reference import load_reference
+from services.spec import Precision
+
+__all__ = ["export_onnxruntime", "quantize_int8", "to_fp16"]
+
+MODEL_FILE = "model.onnx"
+SERVING = {"triton": {"platform": "onnxruntime_onnx"}, "ovms": True}
+
+
+def to_fp16(src: Path, dst: Path) -> None:
+    """Write an fp16 copy of ``src`` whose inputs and outputs stay fp32."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    model = load_onnx(src)
+    # keep_io_types adds Cast nodes at the boundaries so the public signature is unchanged.
+    fp16 = convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=False)
+    save_onnx(fp16, dst)
+
+
+class _Feeds:
+    """onnxruntime's CalibrationDataReader protocol over a list of feeds."""
+
+    def __init__(self, feeds: list[dict[str, np.ndarray]]) -> None:
+        self._it = iter(feeds)
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._it, None)
+
+    def rewind(self) -> None:  # pragma: no cover - onnxruntime may call it between passes
+        pass
+
+
+def quantize_int8(src: Path, dst: Path, feeds: list[dict[str, np.ndarray]], scratch: Path) -> dict[str, object]:
+    """Quantise ``src`` to int8 QDQ with static calibration on ``feeds``; return the settings used."""
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    pre = scratch / "preprocessed.onnx"
+    quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
+    settings = {
+        "format": "QDQ",
+        "activations": "QUInt8",
+        "weights": "QInt8",
+        "per_channel": True,
+        "calibration_method": "MinMax",
+        "samples": len(feeds),
+    }
+    quantize_static(
+        str(pre),
+        str(dst),
+        _Feeds(feeds),
+        quant_format=QuantFormat.QDQ,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+        per_channel=True,
+        calibrate_method=CalibrationMethod.MinMax,
+    )
+    return settings
+
+
+def export_onnxruntime(ctx: StepContext) -> Artifact:
+    """Write model.onnx at the job's precision, validated and benchmarked on onnxruntime."""
+    precision = Precision(ctx.step.options.get("precision", ctx.spec.precision.value))
+    src = ctx.model.path
+    dst = ctx.out_dir / MODEL_FILE
+    details: dict[str, object] = {}
+    if precision is Precision.FP32:
+        save_onnx(load_onnx(src), dst)
+    elif precision is Precision.FP16:
+        ctx.progress("converting to fp16 (fp32 inputs and outputs kept)")
+        to_fp16(src, dst)
+        details["fp16"] = {"keep_io_types": True, "tool": "onnxruntime.transformers.float16"}
+    else:
+        feeds, label = calibration_feeds(load_reference(ctx.reference))
+        ctx.progress(f"quantising to int8 on {len(feeds)} samples ({label})")
+        scratch = ctx.scratch / "ort-int8"
+        scratch.mkdir(parents=True, exist_ok=True)
+        details["int8"] = {**quantize_int8(src, dst, feeds, scratch), "calibration_data": label}
+    return finish_export(
+        ctx, fmt=Format.ONNX, entry=MODEL_FILE, precision=precision, serving=SERVING, engine_details=details
+    )

@@ -1,0 +1,73 @@
+"""Engines: the runtimes Kiln drives, each carried by one worker image and one queue.
+
+Queue names come from here and nowhere else (``kiln.<engine>``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+__all__ = ["ENGINES", "Engine", "engine", "installed_engines", "queue_name", "tensorrt_engine"]
+
+
+@dataclass(frozen=True)
+class Engine:
+    """A runtime and the Python modules its worker image must have."""
+
+    name: str
+    modules: tuple[str, ...]  # importable modules that prove the engine is installed
+    extra: str  # the pyproject extra that installs it
+    description: str
+
+    @property
+    def queue(self) -> str:
+        return queue_name(self.name)
+
+    def is_installed(self) -> bool:
+        """Return True when every module the engine needs can be imported here."""
+        return all(importlib.util.find_spec(m) is not None for m in self.modules)
+
+
+def queue_name(engine_name: str) -> str:
+    """Return the Celery queue that carries ``engine_name``'s steps."""
+    return f"kiln.{engine_name}"
+
+
+#: TensorRT ships per CUDA major version; each variant has its own image and queue.
+TENSORRT_VARIANTS: dict[str, str] = {"cu12": "TensorRT 10.x on CUDA 12", "cu13": "TensorRT 11.x on CUDA 13"}
+
+ENGINES: dict[str, Engine] = {
+    e.name: e
+    for e in (
+        Engine("onnxruntime", ("onnxruntime", "onnx"), "onnxruntime", "ONNX Runtime; also runs the PyTorch importers"),
+        Engine("openvino", ("openvino",), "openvino", "OpenVINO runtime, model conversion and NNCF"),
+        Engine("tensorflow", ("tensorflow",), "tensorflow", "TensorFlow, Keras, TFLite and TF Serving exports"),
+        *(
+            Engine(f"tensorrt-{v}", ("tensorrt",), "tensorrt", desc)
+            for v, desc in TENSORRT_VARIANTS.items()
+        ),
+    )
+}
+
+
+def engine(name: str) -> Engine:
+    """Return the engine called ``name``; NOT_FOUND-style error lists the known ones."""
+    try:
+        return ENGINES[name]
+    except KeyError:
+        from services.errors import EngineUnavailable
+
+        raise EngineUnavailable(
+            f"unknown engine {name!r}", hint="Known engines: " + ", ".join(sorted(ENGINES))
+        ) from None
+
+
+def tensorrt_engine(variant: str) -> Engine:
+    """Return the TensorRT engine for a CUDA variant such as "cu13"."""
+    return engine(f"tensorrt-{variant}")
+
+
+def installed_engines() -> list[Engine]:
+    """Return the engines whose SDKs this process can import (what a worker serves)."""
+    return [e for e in ENGINES.values() if e.is_installed()]

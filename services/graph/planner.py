@@ -1,0 +1,361 @@
+"""Route planning: the cheapest converter route per target, sharing prefixes within a job.
+
+The graph is tiny (a handful of formats, a dozen edges), so the planner enumerates every
+simple path instead of running a shortest-path search: that keeps all equally cheap routes
+in view, and among them it picks the one sharing the longest prefix with routes already
+chosen for the job's other targets, so shared conversions run once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.errors import NoRoute
+from services.formats import Format
+from services.graph.engines import queue_name
+from services.graph.registry import (
+    OPTIMIZE_ENTRY,
+    PUBLISH_ENTRY,
+    REFERENCE_ENTRY,
+    Converter,
+    Exporter,
+    Registry,
+    default_registry,
+    source_engine,
+)
+from services.spec import CompileSpec, Precision, TargetName
+
+__all__ = ["Plan", "PlanStep", "Route", "plan_routes", "published_name", "reachable_formats", "resolve_engine"]
+
+
+def resolve_engine(family: str, spec: CompileSpec | None) -> str:
+    """Return the concrete engine for a family ("tensorrt" → "tensorrt-cu13")."""
+    if family == "tensorrt":
+        return f"tensorrt-{spec.tensorrt_variant if spec else 'cu13'}"
+    return family
+
+
+@dataclass(frozen=True)
+class Route:
+    """One target's way from the source format to its exporter."""
+
+    target: TargetName
+    converters: tuple[Converter, ...]
+    exporter: Exporter
+    cost: float
+
+    def describe(self, source: Format, optimize: bool = False) -> str:
+        """Return a one-line route such as ``keras → onnx → optimize → openvino_ir ⇒ openvino``."""
+        hops = []
+        for fmt in [source, *(c.target for c in self.converters)]:
+            hops.append(fmt.value)
+            if optimize and fmt is Format.ONNX:
+                hops.append("optimize")
+        return " → ".join(hops) + f" ⇒ {self.target.value}"
+
+
+@dataclass
+class PlanStep:
+    """One unit of work on one queue; its output is one artifact."""
+
+    id: str
+    kind: str  # reference | convert | optimize | export | publish
+    engine: str
+    entry: str
+    inputs: dict[str, str] = field(default_factory=dict)  # role -> step id, or "source"
+    options: dict[str, Any] = field(default_factory=dict)
+    target: str | None = None
+    tool: str = ""
+    format_out: str | None = None
+
+    @property
+    def queue(self) -> str:
+        return queue_name(self.engine)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "engine": self.engine,
+            "queue": self.queue,
+            "entry": self.entry,
+            "inputs": dict(self.inputs),
+            "options": dict(self.options),
+            "target": self.target,
+            "tool": self.tool,
+            "format_out": self.format_out,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PlanStep:
+        return cls(
+            id=d["id"],
+            kind=d["kind"],
+            engine=d["engine"],
+            entry=d["entry"],
+            inputs=dict(d.get("inputs", {})),
+            options=dict(d.get("options", {})),
+            target=d.get("target"),
+            tool=d.get("tool", ""),
+            format_out=d.get("format_out"),
+        )
+
+
+@dataclass
+class Plan:
+    """All steps of a job in dependency order, and the route chosen per target."""
+
+    source_format: Format
+    steps: list[PlanStep]
+    routes: dict[str, str]  # target -> human-readable route
+    shared: list[str] = field(default_factory=list)  # ids of steps feeding more than one target
+
+    def step(self, step_id: str) -> PlanStep:
+        for s in self.steps:
+            if s.id == step_id:
+                return s
+        raise KeyError(step_id)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source_format": self.source_format.value,
+            "routes": dict(self.routes),
+            "shared_steps": list(self.shared),
+            "steps": [s.to_dict() for s in self.steps],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Plan:
+        return cls(
+            source_format=Format(d["source_format"]),
+            steps=[PlanStep.from_dict(s) for s in d["steps"]],
+            routes=dict(d["routes"]),
+            shared=list(d.get("shared_steps", [])),
+        )
+
+
+def _simple_paths(reg: Registry, start: Format, goal: Format) -> list[tuple[Converter, ...]]:
+    out: list[tuple[Converter, ...]] = []
+
+    def walk(node: Format, path: tuple[Converter, ...], seen: frozenset[Format]) -> None:
+        if node is goal:
+            out.append(path)
+            return
+        for edge in reg.edges_from(node):
+            if edge.target not in seen:
+                walk(edge.target, (*path, edge), seen | {edge.target})
+
+    walk(start, (), frozenset({start}))
+    return out
+
+
+def reachable_formats(reg: Registry, start: Format) -> list[Format]:
+    """Return every format some chain of converters reaches from ``start`` (itself included)."""
+    seen = {start}
+    frontier = [start]
+    while frontier:
+        node = frontier.pop()
+        for edge in reg.edges_from(node):
+            if edge.target not in seen:
+                seen.add(edge.target)
+                frontier.append(edge.target)
+    return sorted(seen, key=lambda f: f.value)
+
+
+def _candidate_routes(reg: Registry, source: Format, target: TargetName, precision: Precision) -> list[Route]:
+    exporter = reg.exporter(target)
+    routes = []
+    for fmt, export_cost in exporter.accepts.items():
+        if not exporter.supports(fmt, precision):
+            continue
+        for path in _simple_paths(reg, source, fmt):
+            cost = sum(c.cost for c in path) + export_cost
+            routes.append(Route(target, path, exporter, cost))
+    return routes
+
+
+def _no_route(reg: Registry, source: Format, target: TargetName, precision: Precision) -> NoRoute:
+    exporter = reg.exporter(target)
+    reach = reachable_formats(reg, source)
+    wanted = [f.value for f in exporter.accepts if exporter.supports(f, precision)]
+    other_precisions = sorted(
+        {p.value for f in exporter.accepts for p in Precision if f in reach and exporter.supports(f, p)}
+    )
+    reachable_targets = sorted(
+        t.target.value for t in reg.exporters if any(f in reach and t.supports(f, precision) for f in t.accepts)
+    )
+    msg = (
+        f"no route from {source.value} to {target.value} at {precision.value}: "
+        f"{source.value} reaches {', '.join(f.value for f in reach)}; "
+        f"the {target.value} exporter needs one of {', '.join(wanted) or '(none at this precision)'}"
+    )
+    hint = f"From {source.value} at {precision.value} Kiln can build: {', '.join(reachable_targets) or 'nothing'}."
+    if other_precisions:
+        hint += f" {target.value} from this source is possible at: {', '.join(other_precisions)}."
+    return NoRoute(
+        msg,
+        hint=hint,
+        source_format=source.value,
+        target=target.value,
+        reachable_formats=[f.value for f in reach],
+        reachable_targets=reachable_targets,
+    )
+
+
+def _shared_prefix(a: tuple[Converter, ...], b: tuple[Converter, ...]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x.name != y.name:
+            break
+        n += 1
+    return n
+
+
+def _choose_routes(reg: Registry, source: Format, spec: CompileSpec) -> dict[TargetName, Route]:
+    chosen: dict[TargetName, Route] = {}
+    errors = []
+    for target in spec.targets:
+        candidates = _candidate_routes(reg, source, target, spec.precision)
+        if not candidates:
+            errors.append(_no_route(reg, source, target, spec.precision))
+            continue
+        best = min(r.cost for r in candidates)
+        cheapest = [r for r in candidates if abs(r.cost - best) < 1e-9]
+        # Prefer the cheapest route that shares most with what is already planned, then by name.
+        cheapest.sort(
+            key=lambda r: (
+                -max((_shared_prefix(r.converters, c.converters) for c in chosen.values()), default=0),
+                len(r.converters),
+                [c.name for c in r.converters],
+            )
+        )
+        chosen[target] = cheapest[0]
+    if errors:
+        if len(errors) == 1:
+            raise errors[0]
+        raise NoRoute(
+            "; ".join(e.message for e in errors),
+            hint=" ".join(e.hint for e in errors),
+            targets=[e.details for e in errors],
+        )
+    return chosen
+
+
+def published_name(base: str, target: str, n_targets: int) -> str:
+    """Return the repository name of a target's model: ``base``, or ``base-<target>`` when a job has several."""
+    return base if n_targets == 1 else f"{base}-{target}"
+
+
+def plan_routes(
+    source: Format, spec: CompileSpec, registry: Registry | None = None, *, default_name: str = "model"
+) -> Plan:
+    """Return the job's plan: reference, shared conversions, then export and publish per target."""
+    reg = registry or default_registry()
+    base_name = spec.name or default_name
+    if source is Format.TENSORRT_PLAN:
+        raise NoRoute(
+            "a TensorRT plan is an engine-specific binary and cannot be converted",
+            hint="Submit the ONNX (or framework) model the plan was built from.",
+            source_format=source.value,
+        )
+    chosen = _choose_routes(reg, source, spec)
+    steps: dict[str, PlanStep] = {}
+    order: list[str] = []
+    users: dict[str, set[str]] = {}
+
+    def add(step: PlanStep) -> str:
+        if step.id not in steps:
+            steps[step.id] = step
+            order.append(step.id)
+        return step.id
+
+    ref_id = add(
+        PlanStep(
+            id="reference",
+            kind="reference",
+            engine=resolve_engine(source_engine(source), spec),
+            entry=REFERENCE_ENTRY,
+            inputs={"model": "source"},
+            tool=f"{source.value} runtime",
+            format_out="reference",
+        )
+    )
+    routes_text: dict[str, str] = {}
+    for target, route in chosen.items():
+        prev = "source"
+        chain: list[str] = []
+        fmt = source
+
+        def maybe_optimize(fmt: Format, prev: str, chain: list[str]) -> str:
+            if fmt is not Format.ONNX or not spec.optimize:
+                return prev
+            chain.append("optimize")
+            return add(
+                PlanStep(
+                    id="/".join(chain),
+                    kind="optimize",
+                    engine="onnxruntime",
+                    entry=OPTIMIZE_ENTRY,
+                    inputs={"model": prev},
+                    tool="kiln passes",
+                    format_out=Format.ONNX.value,
+                )
+            )
+
+        prev = maybe_optimize(fmt, prev, chain)
+        for conv in route.converters:
+            chain.append(conv.name)
+            prev = add(
+                PlanStep(
+                    id="/".join(chain),
+                    kind="convert",
+                    engine=resolve_engine(conv.engine, spec),
+                    entry=conv.entry,
+                    inputs={"model": prev},
+                    options={"opset": spec.opset, "signature": spec.signature},
+                    tool=conv.tool,
+                    format_out=conv.target.value,
+                )
+            )
+            fmt = conv.target
+            prev = maybe_optimize(fmt, prev, chain)
+        for sid in chain_ids(chain):
+            users.setdefault(sid, set()).add(target.value)
+        exp = route.exporter
+        export_id = add(
+            PlanStep(
+                id=f"export:{target.value}",
+                kind="export",
+                engine=resolve_engine(exp.engine, spec),
+                entry=exp.entry,
+                inputs={"model": prev, "reference": ref_id},
+                options={"precision": spec.precision.value},
+                target=target.value,
+                tool=exp.entry.rsplit(":", 1)[-1],
+                format_out=(exp.artifact_format or fmt).value,
+            )
+        )
+        add(
+            PlanStep(
+                id=f"publish:{target.value}",
+                kind="publish",
+                engine=resolve_engine(exp.engine, spec),
+                entry=PUBLISH_ENTRY,
+                inputs={"model": export_id},
+                options={
+                    "name": published_name(base_name, target.value, len(spec.targets)),
+                    "route": route.describe(source, spec.optimize),
+                },
+                target=target.value,
+                tool="model repository",
+            )
+        )
+        routes_text[target.value] = route.describe(source, spec.optimize)
+    shared = [sid for sid in order if len(users.get(sid, ())) > 1]
+    return Plan(source_format=source, steps=[steps[i] for i in order], routes=routes_text, shared=shared)
+
+
+def chain_ids(chain: list[str]) -> list[str]:
+    """Return the step ids of every prefix of a chain of step names."""
+    return ["/".join(chain[: i + 1]) for i in range(len(chain))]

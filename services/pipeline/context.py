@@ -1,0 +1,48 @@
+"""What a step function receives: its inputs as local artifacts, the spec, an output dir."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from services.artifacts import Artifact
+from services.formats import DetectedSource
+from services.graph.planner import PlanStep
+from services.spec import CompileSpec
+
+if TYPE_CHECKING:
+    from services.repository.base import ModelRepository
+
+__all__ = ["StepContext"]
+
+
+@dataclass
+class StepContext:
+    """One step's view of the job. Step functions write into ``out_dir`` and return an Artifact."""
+
+    job_id: str
+    step: PlanStep
+    spec: CompileSpec
+    source: DetectedSource
+    inputs: dict[str, Artifact]
+    out_dir: Path
+    scratch: Path
+    repository: ModelRepository | None = None
+    on_progress: Callable[[str], None] | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def model(self) -> Artifact:
+        """Return the model artifact this step transforms."""
+        return self.inputs["model"]
+
+    @property
+    def reference(self) -> Artifact:
+        """Return the reference artifact (validation inputs and source outputs)."""
+        return self.inputs["reference"]
+
+    def progress(self, message: str) -> None:
+        if self.on_progress is not None:
+            self.on_progress(message)

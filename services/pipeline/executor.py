@@ -1,0 +1,180 @@
+"""Run one plan step: resolve inputs, consult the content-addressed cache, call the step, store.
+
+The CLI calls this in-process for every step; a Celery task calls it (in a child process)
+for the one step it was given. Same function, so both paths behave alike.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from services.artifacts import Artifact
+from services.errors import ConversionFailed, KilnError
+from services.formats import DetectedSource
+from services.graph.planner import PlanStep
+from services.graph.registry import load_entry
+from services.pipeline.context import StepContext
+from services.spec import CompileSpec
+from services.storage.base import ArtifactStore
+from services.versions import tool_versions
+
+if TYPE_CHECKING:
+    from services.repository.base import ModelRepository
+
+__all__ = ["StepOutcome", "source_artifact", "step_cache_key", "run_step"]
+
+
+@dataclass
+class StepOutcome:
+    """What a finished step left behind."""
+
+    step_id: str
+    key: str | None  # artifact store key; None for steps that publish instead of producing
+    artifact: Artifact
+    cached: bool
+    seconds: float
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def _spec_fingerprint(spec: CompileSpec, calibration_sha: str | None) -> dict[str, Any]:
+    # Naming and target choice do not change what a step computes; everything else may.
+    body = spec.model_dump(mode="json", exclude={"name", "version", "targets"})
+    body["calibration"] = calibration_sha
+    return body
+
+
+def step_cache_key(
+    step: PlanStep, spec: CompileSpec, input_keys: dict[str, str], calibration_sha: str | None = None
+) -> str:
+    """Return the content address of a step's output: inputs, step, options, spec and tool versions."""
+    body = {
+        "entry": step.entry,
+        "kind": step.kind,
+        "options": step.options,
+        "inputs": dict(sorted(input_keys.items())),
+        "spec": _spec_fingerprint(spec, calibration_sha),
+        "tools": tool_versions(step.engine),
+    }
+    digest = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+    return f"steps/{digest}"
+
+
+def source_artifact(source: DetectedSource) -> Artifact:
+    """Return the source model as an (unsaved) artifact the first steps read."""
+    if source.path.is_dir():
+        return Artifact(root=source.path, kind=source.format.value, meta={"sha256": source.sha256})
+    return Artifact(
+        root=source.path.parent, kind=source.format.value, entry=source.path.name, meta={"sha256": source.sha256}
+    )
+
+
+def _lineage(inputs: dict[str, Artifact], record: dict[str, Any]) -> list[dict[str, Any]]:
+    """Return the ordered, de-duplicated history of steps that led to an artifact."""
+    seen: set[str] = set()
+    out: list[dict[str, Any]] = []
+    for art in inputs.values():
+        for rec in art.meta.get("lineage", []):
+            if rec["step"] not in seen:
+                seen.add(rec["step"])
+                out.append(rec)
+    out.append(record)
+    return out
+
+
+def run_step(
+    step: PlanStep,
+    *,
+    job_id: str,
+    spec: CompileSpec,
+    source: DetectedSource,
+    input_keys: dict[str, str],
+    store: ArtifactStore,
+    scratch: Path,
+    repository: ModelRepository | None = None,
+    on_progress: Callable[[str], None] | None = None,
+    calibration_path: Path | None = None,
+    calibration_sha: str | None = None,
+    use_cache: bool = True,
+) -> StepOutcome:
+    """Run ``step`` (or take its output from the cache); return where its artifact is.
+
+    ``input_keys`` maps each role of ``step.inputs`` to the store key of that input
+    ("source" roles need no key). Any non-Kiln exception becomes CONVERSION_FAILED naming
+    the step, the tool and the tail of the traceback.
+    """
+    started = time.perf_counter()
+    cacheable = step.kind != "publish"
+    key = step_cache_key(step, spec, {**input_keys, "source": source.sha256}, calibration_sha) if cacheable else None
+    if key and use_cache and store.exists(key):
+        local = store.local_path(key) or store.fetch_dir(key, scratch / "cache-hit" / key.replace("/", "_"))
+        art = Artifact.load(local)
+        return StepOutcome(step.id, key, art, True, time.perf_counter() - started, art.meta)
+
+    inputs: dict[str, Artifact] = {}
+    for role, dep in step.inputs.items():
+        if dep == "source":
+            inputs[role] = source_artifact(source)
+            continue
+        dep_key = input_keys[role]
+        local = store.local_path(dep_key)
+        if local is None:
+            local = store.fetch_dir(dep_key, scratch / "inputs" / role)
+        inputs[role] = Artifact.load(local)
+
+    out_dir = scratch / "out" / step.id.replace("/", "__").replace(":", "_")
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True)
+    ctx = StepContext(
+        job_id=job_id,
+        step=step,
+        spec=spec,
+        source=source,
+        inputs=inputs,
+        out_dir=out_dir,
+        scratch=scratch,
+        repository=repository,
+        on_progress=on_progress,
+        extras={"calibration_path": calibration_path} if calibration_path else {},
+    )
+    func = load_entry(step.entry)
+    try:
+        art: Artifact = func(ctx)
+    except KilnError as exc:
+        exc.details.setdefault("step", step.id)
+        raise
+    except Exception as exc:
+        tail = "".join(traceback.format_exception(exc))[-2000:]
+        raise ConversionFailed(
+            f"step {step.id} failed in {step.tool}: {type(exc).__name__}: {exc}",
+            step=step.id,
+            tool=step.tool,
+            output_tail=tail,
+        ) from exc
+    seconds = time.perf_counter() - started
+    record = {
+        "step": step.id,
+        "kind": step.kind,
+        "tool": step.tool,
+        "engine": step.engine,
+        "seconds": round(seconds, 3),
+        "tool_versions": tool_versions(step.engine),
+        "report": {k: v for k, v in art.meta.items() if k not in ("lineage", "signature")},
+    }
+    art.meta["lineage"] = _lineage(inputs, record)
+    art.save()
+    if key is None:
+        return StepOutcome(step.id, None, art, False, seconds, art.meta)
+    store.put_dir(key, art.root)
+    stored = store.local_path(key)
+    if stored is not None:
+        art = Artifact.load(stored)
+    return StepOutcome(step.id, key, art, False, seconds, art.meta)

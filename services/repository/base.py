@@ -1,0 +1,60 @@
+"""The model repository interface: primitives each backend implements, publishing on top.
+
+Backends (local directory here, S3 in the service) implement a handful of primitives;
+:func:`services.repository.publish.publish_version` builds the atomic publish on them, so
+every backend publishes the same way.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+__all__ = ["ModelRepository"]
+
+
+class ModelRepository(abc.ABC):
+    """A tree of ``<name>/<version>/...`` that serving engines read as-is."""
+
+    @abc.abstractmethod
+    def lock(self) -> AbstractContextManager[None]:
+        """Return a context manager that serialises publishers of this repository."""
+
+    @abc.abstractmethod
+    def model_names(self) -> list[str]:
+        """Return the names of published models, sorted."""
+
+    @abc.abstractmethod
+    def versions(self, name: str) -> list[int]:
+        """Return the complete versions of ``name``, ascending."""
+
+    @abc.abstractmethod
+    def write_version(self, name: str, version: int, local_dir: Path) -> None:
+        """Make ``local_dir``'s files appear as ``<name>/<version>/`` all at once."""
+
+    @abc.abstractmethod
+    def read_file(self, relpath: str) -> bytes | None:
+        """Return the bytes at ``relpath`` (relative to the repository root), or None."""
+
+    @abc.abstractmethod
+    def write_file(self, relpath: str, data: bytes) -> None:
+        """Replace the file at ``relpath`` atomically (readers see old or new bytes)."""
+
+    @abc.abstractmethod
+    def uri(self, relpath: str = "") -> str:
+        """Return a URI for ``relpath`` within the repository."""
+
+    @abc.abstractmethod
+    def fetch_version(self, name: str, version: int, dest: Path) -> Path:
+        """Copy ``<name>/<version>/`` into ``dest``; return ``dest``."""
+
+    def base_path(self, name: str) -> str:
+        """Return the path a server's config names for model ``name`` (TF Serving, OVMS)."""
+        return self.uri(name)
+
+    def iter_versions(self) -> Iterator[tuple[str, int]]:
+        for name in self.model_names():
+            for v in self.versions(name):
+                yield name, v

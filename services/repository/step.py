@@ -1,0 +1,65 @@
+"""The publish step: an export artifact becomes a repository version with its manifest."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.artifacts import Artifact
+from services.errors import KilnError
+from services.pipeline.context import StepContext
+from services.repository.publish import publish_version
+
+__all__ = ["build_manifest", "run_publish_step"]
+
+
+def build_manifest(ctx: StepContext, exported: Artifact) -> dict[str, Any]:
+    """Return the provenance manifest: source, route, passes, tools, precision, parity, benchmark."""
+    meta = exported.meta
+    lineage: list[dict[str, Any]] = meta.get("lineage", [])
+    tools: dict[str, str] = {}
+    passes: list[dict[str, Any]] = []
+    for rec in lineage:
+        tools.update(rec.get("tool_versions", {}))
+        passes.extend(rec.get("report", {}).get("passes", []))
+    return {
+        "kiln_manifest": 1,
+        "job_id": ctx.job_id,
+        "target": meta.get("target"),
+        "precision": meta.get("precision"),
+        "format": meta.get("format"),
+        "source": {
+            "sha256": ctx.source.sha256,
+            "format": ctx.source.format.value,
+            "filename": ctx.source.path.name,
+            "detected_as": ctx.source.seen,
+        },
+        "route": ctx.step.options.get("route"),
+        "steps": [
+            {k: rec.get(k) for k in ("step", "kind", "tool", "engine", "seconds", "tool_versions")} for rec in lineage
+        ],
+        "passes": passes,
+        "tool_versions": tools,
+        "io": meta.get("io"),
+        "parity": meta.get("parity"),
+        "benchmark": meta.get("benchmark"),
+        "engine_details": meta.get("engine_details", {}),
+        "spec": ctx.spec.model_dump(mode="json"),
+    }
+
+
+def run_publish_step(ctx: StepContext) -> Artifact:
+    """Publish the export artifact into the job's repository; return a record of where."""
+    if ctx.repository is None:
+        raise KilnError("no model repository configured for publishing")
+    exported = ctx.model
+    name = ctx.step.options["name"]
+    published = publish_version(
+        ctx.repository,
+        exported,
+        name=name,
+        version=ctx.spec.version,
+        manifest=build_manifest(ctx, exported),
+        max_batch_size=ctx.spec.max_batch_size,
+    )
+    ctx.progress(f"published {published.name} version {published.version}")
+    return Artifact(root=ctx.out_dir, kind="published", meta={"published": published.to_dict()})

@@ -1,0 +1,83 @@
+"""The runner interface and its lazily imported registry (format -> implementation)."""
+
+from __future__ import annotations
+
+import abc
+import importlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from services.errors import EngineUnavailable
+from services.formats import Format
+
+__all__ = ["ModelRunner", "TensorSpec", "open_runner", "register_runner"]
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A model input or output: name, numpy dtype name, shape (None for a dynamic axis)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int | None, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["shape"] = list(self.shape)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TensorSpec:
+        return cls(d["name"], d["dtype"], tuple(d["shape"]))
+
+
+class ModelRunner(abc.ABC):
+    """A loaded model that maps named numpy inputs to named numpy outputs."""
+
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+
+    @abc.abstractmethod
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run one inference; return outputs keyed by name, in ``self.outputs`` order."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release engine resources."""
+
+
+# format -> "module:factory"; factories take (path, **options) and return a ModelRunner.
+_RUNNERS: dict[Format, str] = {
+    Format.ONNX: "services.runners.onnx:OnnxRuntimeRunner",
+    Format.OPENVINO_IR: "services.runners.openvino:OpenVINORunner",
+    Format.TFLITE: "services.runners.tflite:TFLiteRunner",
+    Format.SAVEDMODEL: "services.runners.tensorflow:SavedModelRunner",
+    Format.KERAS: "services.runners.tensorflow:KerasRunner",
+    Format.TORCHSCRIPT: "services.runners.torch:TorchScriptRunner",
+    Format.TORCH_EXPORT: "services.runners.torch:ExportedProgramRunner",
+    Format.TENSORRT_PLAN: "services.runners.tensorrt:TensorRTRunner",
+}
+
+
+def register_runner(fmt: Format, entry: str, *, replace: bool = False) -> None:
+    """Register the runner for ``fmt``; refuses to overwrite silently."""
+    if fmt in _RUNNERS and not replace:
+        raise ValueError(f"a runner for {fmt.value} is already registered: {_RUNNERS[fmt]}")
+    _RUNNERS[fmt] = entry
+
+
+def open_runner(fmt: Format, path: Path, **options: Any) -> ModelRunner:
+    """Load ``path`` with the runner of ``fmt``; ENGINE_UNAVAILABLE when its SDK is missing."""
+    entry = _RUNNERS.get(fmt)
+    if entry is None:
+        raise EngineUnavailable(f"no runner for {fmt.value}", hint="Known: " + ", ".join(f.value for f in _RUNNERS))
+    module, _, name = entry.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module), name)
+    except ImportError as exc:
+        raise EngineUnavailable(
+            f"cannot run {fmt.value} here: {exc}", hint=f"Install the engine that reads {fmt.value}."
+        ) from exc
+    return factory(Path(path), **options)  # type: ignore[no-any-return]

@@ -1,0 +1,42 @@
+"""The artifact store interface every backend (local directory, S3) implements."""
+
+from __future__ import annotations
+
+import abc
+from pathlib import Path
+
+__all__ = ["ArtifactStore"]
+
+
+class ArtifactStore(abc.ABC):
+    """Content-addressed storage of directories under string keys.
+
+    Keys are opaque strings such as ``steps/<sha256>`` or ``sources/<sha256>``. A key is
+    written once; ``put_dir`` of an existing key is a no-op, so concurrent writers of the
+    same content agree. Readers never see a partial directory: backends publish a marker
+    last and ``exists`` checks the marker.
+    """
+
+    @abc.abstractmethod
+    def exists(self, key: str) -> bool:
+        """Return True when ``key`` holds a complete directory."""
+
+    @abc.abstractmethod
+    def put_dir(self, key: str, local_dir: Path) -> str:
+        """Store the contents of ``local_dir`` under ``key``; return its URI."""
+
+    @abc.abstractmethod
+    def fetch_dir(self, key: str, dest: Path) -> Path:
+        """Copy ``key``'s directory into ``dest`` (created); return ``dest``."""
+
+    @abc.abstractmethod
+    def uri(self, key: str) -> str:
+        """Return a URI naming ``key`` for humans and manifests."""
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove ``key`` if present."""
+
+    def local_path(self, key: str) -> Path | None:
+        """Return a local path to ``key`` when the backend has one (avoids a copy), else None."""
+        return None

@@ -1,0 +1,67 @@
+"""Artifact store on a local directory (the embedded default and the CLI's cache)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+from services.errors import NotFound
+from services.storage.base import ArtifactStore
+
+__all__ = ["LocalArtifactStore"]
+
+_COMPLETE = ".kiln-complete"
+
+
+class LocalArtifactStore(ArtifactStore):
+    """Directories under ``root/<key>``, written to a temp dir then renamed into place."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _dir(self, key: str) -> Path:
+        if ".." in key.split("/") or key.startswith("/"):
+            raise ValueError(f"bad store key {key!r}")
+        return self.root / key
+
+    def exists(self, key: str) -> bool:
+        return (self._dir(key) / _COMPLETE).exists()
+
+    def put_dir(self, key: str, local_dir: Path) -> str:
+        final = self._dir(key)
+        if self.exists(key):
+            return self.uri(key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.parent / f".tmp-{final.name}-{uuid.uuid4().hex}"
+        shutil.copytree(local_dir, tmp)
+        (tmp / _COMPLETE).touch()
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            # Another writer won the race with the same content, or a stale partial dir
+            # without the marker is in the way: replace only the latter.
+            if self.exists(key):
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                shutil.rmtree(final, ignore_errors=True)
+                os.rename(tmp, final)
+        return self.uri(key)
+
+    def fetch_dir(self, key: str, dest: Path) -> Path:
+        src = self.local_path(key)
+        if src is None:
+            raise NotFound(f"artifact {key} is not in the store")
+        shutil.copytree(src, dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns(_COMPLETE))
+        return dest
+
+    def local_path(self, key: str) -> Path | None:
+        return self._dir(key) if self.exists(key) else None
+
+    def uri(self, key: str) -> str:
+        return self._dir(key).resolve().as_uri()
+
+    def delete(self, key: str) -> None:
+        shutil.rmtree(self._dir(key), ignore_errors=True)

@@ -1,0 +1,112 @@
+"""Tiny models built in the tests with random weights (nothing is downloaded)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def _torch():
+    import torch
+
+    torch.manual_seed(0)
+    return torch
+
+
+def tiny_cnn_module():
+    """Conv, BatchNorm (non-trivial statistics), ReLU, pooling and Gemm: a 10-class classifier."""
+    torch = _torch()
+    nn = torch.nn
+
+    class TinyCNN(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.features = nn.Sequential(
+                nn.Conv2d(3, 8, 3, padding=1),
+                nn.BatchNorm2d(8),
+                nn.ReLU(),
+                nn.MaxPool2d(2),
+                nn.Conv2d(8, 16, 3, padding=1),
+                nn.BatchNorm2d(16),
+                nn.ReLU(),
+                nn.AdaptiveAvgPool2d(1),
+            )
+            self.head = nn.Linear(16, 10)
+
+        def forward(self, x):
+            return self.head(torch.flatten(self.features(x), 1))
+
+    model = TinyCNN()
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.2, 0.2)
+    return model.eval()
+
+
+def tiny_transformer_module(d_model: int = 32, heads: int = 4):
+    """A transformer encoder block: LayerNorm, attention with Softmax, GELU MLP, residuals."""
+    torch = _torch()
+    nn = torch.nn
+
+    class EncoderBlock(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln1 = nn.LayerNorm(d_model)
+            self.qkv = nn.Linear(d_model, 3 * d_model)
+            self.proj = nn.Linear(d_model, d_model)
+            self.ln2 = nn.LayerNorm(d_model)
+            self.fc1 = nn.Linear(d_model, 4 * d_model)
+            self.fc2 = nn.Linear(4 * d_model, d_model)
+            self.act = nn.GELU()
+
+        def forward(self, x):
+            b, t, d = x.shape
+            h = self.ln1(x)
+            q, k, v = self.qkv(h).chunk(3, dim=-1)
+            q = q.reshape(b, t, heads, d // heads).transpose(1, 2)
+            k = k.reshape(b, t, heads, d // heads).transpose(1, 2)
+            v = v.reshape(b, t, heads, d // heads).transpose(1, 2)
+            att = torch.softmax(q @ k.transpose(-2, -1) / (d // heads) ** 0.5, dim=-1)
+            y = (att @ v).transpose(1, 2).reshape(b, t, d)
+            x = x + self.proj(y)
+            return x + self.fc2(self.act(self.fc1(self.ln2(x))))
+
+    return EncoderBlock().eval()
+
+
+def export_onnx(module, example, path: Path, *, input_name: str = "input", output_name: str = "output", dynamic_batch: bool = True, opset: int = 17) -> Path:
+    """Export a torch module to ONNX (TorchScript-based exporter: fast and deterministic)."""
+    torch = _torch()
+    dynamic_axes = {input_name: {0: "batch"}, output_name: {0: "batch"}} if dynamic_batch else None
+    torch.onnx.export(
+        module,
+        (example,),
+        str(path),
+        input_names=[input_name],
+        output_names=[output_name],
+        dynamic_axes=dynamic_axes,
+        opset_version=opset,
+        dynamo=False,
+    )
+    return path
+
+
+def tiny_cnn_onnx(path: Path) -> Path:
+    torch = _torch()
+    return export_onnx(tiny_cnn_module(), torch.randn(1, 3, 32, 32), path)
+
+
+def tiny_transformer_onnx(path: Path) -> Path:
+    torch = _torch()
+    return export_onnx(tiny_transformer_module(), torch.randn(1, 16, 32), path)
+
+
+def image_calibration(path: Path, n: int = 16, name: str = "input") -> Path:
+    rng = np.random.default_rng(7)
+    np.savez(path, **{name: rng.standard_normal((n, 3, 32, 32)).astype(np.float32)})
+    return path
