@@ -1,0 +1,50 @@
+"""Shared fixtures: tiny models built once per session, a fresh repository and store per test."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, str(Path(__file__).parent))
+
+from models import tiny_cnn_onnx, tiny_transformer_onnx  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def cnn_onnx(models_dir: Path) -> Path:
+    """A small CNN (Conv, BatchNorm, Relu, pooling, Gemm) as ONNX, dynamic batch, input 'input' [N,3,32,32]."""
+    return tiny_cnn_onnx(models_dir / "cnn.onnx")
+
+
+@pytest.fixture(scope="session")
+def transformer_onnx(models_dir: Path) -> Path:
+    """A transformer encoder block (LayerNorm, attention with Softmax, GELU) as ONNX, input [N,16,32]."""
+    return tiny_transformer_onnx(models_dir / "transformer.onnx")
+
+
+@pytest.fixture
+def repo_dir(tmp_path: Path) -> Path:
+    return tmp_path / "repo"
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    from services.storage import LocalArtifactStore
+
+    return LocalArtifactStore(tmp_path / "store")
+
+
+@pytest.fixture
+def repository(repo_dir: Path):
+    from services.repository import LocalModelRepository
+
+    return LocalModelRepository(repo_dir)
