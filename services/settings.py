@@ -1,7 +1,8 @@
 """Kiln's settings: one pydantic-settings class shared by the CLI, the API and the workers.
 
 Read through :func:`get_settings` (cached, overridable in tests), never as an import-time
-global. Every field is documented here and settable as ``KILN_<FIELD>`` in the environment.
+global. Every field is settable as ``KILN_<FIELD>`` in the environment (compose.yaml and the
+Helm chart's ConfigMap/Secret use exactly these names).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["Settings", "get_settings"]
@@ -24,10 +25,58 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="KILN_", env_file=".env", extra="ignore")
 
-    environment: str = Field(default="development", description="development | production; production refuses unsafe defaults.")
-    cache_dir: Path = Field(default_factory=_default_cache, description="Local scratch and artifact cache.")
-    repository: str = Field(default="./model-repository", description="Model repository: a directory or s3://bucket/prefix.")
-    artifact_store: str = Field(default="", description="Artifact store: a directory or s3://bucket/prefix; default <cache_dir>/store.")
+    environment: str = Field(
+        default="development", description="development | production; production refuses unsafe defaults."
+    )
+    cache_dir: Path = Field(default_factory=_default_cache, description="Local scratch space and artifact cache.")
+
+    # --- where things live ---
+    repository: str = Field(
+        default="./model-repository", description="Model repository: a directory or s3://bucket/prefix."
+    )
+    artifact_store: str = Field(
+        default="", description="Artifact store: a directory or s3://bucket/prefix; empty = <cache_dir>/store."
+    )
+    serving_root: str = Field(
+        default="",
+        description="Path or URI at which serving engines see the repository (base_path in models.config / "
+        "config.json); empty = the repository's own location.",
+    )
+    s3_endpoint_url: str = Field(default="", description="S3-compatible endpoint (MinIO, SeaweedFS); empty = AWS.")
+    s3_region: str = Field(default="us-east-1", description="S3 region.")
+    s3_access_key_id: str = Field(default="", description="S3 access key; empty = boto3's default chain.")
+    s3_secret_access_key: SecretStr = Field(default=SecretStr(""), description="S3 secret key.")
+
+    # --- service ---
+    database_url: str = Field(
+        default="", description="SQLAlchemy URL of the job store; empty = SQLite under cache_dir (embedded default)."
+    )
+    broker_url: str = Field(
+        default="", description="Celery broker URL (redis://...); empty = the embedded broker that needs no server."
+    )
+    max_upload_bytes: int = Field(default=4 * 1024**3, ge=1, description="Largest accepted model upload.")
+    auth_enabled: bool = Field(default=False, description="Require bearer API tokens on every endpoint but health.")
+    step_soft_time_limit: int = Field(default=3600, ge=1, description="Seconds before a step is asked to stop.")
+    step_hard_time_limit: int = Field(default=3900, ge=1, description="Seconds before a step is killed.")
+
+    @model_validator(mode="after")
+    def _refuse_unsafe_production(self) -> Settings:
+        if self.environment == "production":
+            problems = []
+            if not self.auth_enabled:
+                problems.append("KILN_AUTH_ENABLED must be true")
+            if not self.database_url or self.database_url.startswith("sqlite"):
+                problems.append("KILN_DATABASE_URL must name a server database (PostgreSQL)")
+            if not self.broker_url:
+                problems.append("KILN_BROKER_URL must name a broker (Redis)")
+            if problems:
+                raise ValueError("unsafe production settings: " + "; ".join(problems))
+        return self
+
+    @property
+    def store_location(self) -> str:
+        """Return the artifact store location, defaulting under the cache dir."""
+        return self.artifact_store or str(self.cache_dir / "store")
 
 
 @lru_cache
