@@ -68,10 +68,18 @@ class PlanStep:
     target: str | None = None
     tool: str = ""
     format_out: str | None = None
+    # Ordering-only dependencies (not inputs, so not part of the cache key): steps reading
+    # the source wait for the reference step, so an unreadable source fails once, up front.
+    after: list[str] = field(default_factory=list)
 
     @property
     def queue(self) -> str:
         return queue_name(self.engine)
+
+    @property
+    def depends_on(self) -> list[str]:
+        """Return every step id this step waits for (inputs and ordering)."""
+        return [d for d in self.inputs.values() if d != "source"] + [a for a in self.after if a not in self.inputs.values()]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -85,6 +93,7 @@ class PlanStep:
             "target": self.target,
             "tool": self.tool,
             "format_out": self.format_out,
+            "after": list(self.after),
         }
 
     @classmethod
@@ -99,6 +108,7 @@ class PlanStep:
             target=d.get("target"),
             tool=d.get("tool", ""),
             format_out=d.get("format_out"),
+            after=list(d.get("after", [])),
         )
 
 
@@ -298,6 +308,7 @@ def plan_routes(
                     engine="onnxruntime",
                     entry=OPTIMIZE_ENTRY,
                     inputs={"model": prev},
+                    after=[ref_id] if prev == "source" else [],
                     tool="kiln passes",
                     format_out=Format.ONNX.value,
                 )
@@ -313,6 +324,7 @@ def plan_routes(
                     engine=resolve_engine(conv.engine, spec),
                     entry=conv.entry,
                     inputs={"model": prev},
+                    after=[ref_id] if prev == "source" else [],
                     options={"opset": spec.opset, "signature": spec.signature},
                     tool=conv.tool,
                     format_out=conv.target.value,

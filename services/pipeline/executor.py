@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from services.artifacts import Artifact
-from services.errors import ConversionFailed, KilnError
+from services.errors import ConversionFailed, EngineUnavailable, KilnError
 from services.formats import DetectedSource
 from services.graph.planner import PlanStep
 from services.graph.registry import load_entry
@@ -145,7 +145,14 @@ def run_step(
         on_progress=on_progress,
         extras={"calibration_path": calibration_path} if calibration_path else {},
     )
-    func = load_entry(step.entry)
+    try:
+        func = load_entry(step.entry)
+    except ImportError as exc:
+        raise EngineUnavailable(
+            f"step {step.id} needs {exc.name or step.entry}, which this process cannot import",
+            hint=f"Run it on a worker serving {step.queue}, or install the {step.engine} extra.",
+            step=step.id,
+        ) from exc
     try:
         art: Artifact = func(ctx)
     except KilnError as exc:

@@ -67,7 +67,7 @@ def default_model_name(path: Path) -> str:
 
 
 def _blocked_by(step: PlanStep, failed: dict[str, KilnError]) -> KilnError | None:
-    for dep in step.inputs.values():
+    for dep in step.depends_on:
         if dep in failed:
             return failed[dep]
     return None

@@ -1,0 +1,153 @@
+"""Format detection from content, and safe archive extraction."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from services.errors import SourceUnreadable, UnsafeInput, UnsupportedFormat
+from services.formats import ArchiveLimits, Format, detect_format, open_source, safe_extract
+
+
+def test_onnx_detected_by_content_not_name(cnn_onnx: Path, tmp_path: Path) -> None:
+    renamed = tmp_path / "weights.bin"
+    renamed.write_bytes(cnn_onnx.read_bytes())
+    fmt, seen = detect_format(renamed)
+    assert fmt is Format.ONNX
+    assert "ir_version" in seen
+
+
+def test_onnx_with_external_data_in_directory(cnn_onnx: Path, tmp_path: Path) -> None:
+    import onnx
+
+    model = onnx.load(str(cnn_onnx))
+    d = tmp_path / "ext"
+    d.mkdir()
+    onnx.save_model(model, str(d / "m.onnx"), save_as_external_data=True, location="m.data", size_threshold=0)
+    assert (d / "m.data").stat().st_size > 0
+    src = open_source(d, tmp_path / "work")
+    assert src.format is Format.ONNX
+    assert src.path == d / "m.onnx"
+
+
+def test_tflite_hdf5_and_openvino_magic(tmp_path: Path) -> None:
+    tfl = tmp_path / "a"
+    tfl.write_bytes(b"\x1c\x00\x00\x00TFL3" + b"\x00" * 64)
+    assert detect_format(tfl)[0] is Format.TFLITE
+    h5 = tmp_path / "b"
+    h5.write_bytes(b"\x89HDF\r\n\x1a\n" + b"\x00" * 64)
+    assert detect_format(h5)[0] is Format.KERAS
+    xml = tmp_path / "model.xml"
+    xml.write_text('<?xml version="1.0"?>\n<net name="m" version="11"><layers/></net>')
+    assert detect_format(xml)[0] is Format.OPENVINO_IR
+    with pytest.raises(SourceUnreadable, match="no model.bin"):
+        open_source(xml, tmp_path / "w")
+
+
+def _zip(path: Path, members: dict[str, bytes]) -> Path:
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return path
+
+
+def test_zip_members_decide(tmp_path: Path) -> None:
+    keras = _zip(tmp_path / "x.zip", {"config.json": b"{}", "metadata.json": b"{}", "model.weights.h5": b""})
+    assert detect_format(keras)[0] is Format.KERAS
+    ts = _zip(tmp_path / "y", {"m/code/__torch__.py": b"", "m/constants.pkl": b"", "m/data.pkl": b""})
+    assert detect_format(ts)[0] is Format.TORCHSCRIPT
+    pt2 = _zip(tmp_path / "z", {"m/models/model.json": b"{}", "m/archive_format": b"pt2"})
+    assert detect_format(pt2)[0] is Format.TORCH_EXPORT
+    sm = _zip(tmp_path / "s.zip", {"export/saved_model.pb": b"x", "export/variables/variables.index": b""})
+    assert detect_format(sm)[0] is Format.SAVEDMODEL
+
+
+def test_torch_pickle_is_unsafe(tmp_path: Path) -> None:
+    pickled = _zip(tmp_path / "model.pt", {"m/data.pkl": b"\x80\x02", "m/version": b"3"})
+    with pytest.raises(UnsafeInput) as exc:
+        detect_format(pickled)
+    assert "TorchScript" in exc.value.hint
+    raw = tmp_path / "raw.pkl"
+    raw.write_bytes(b"\x80\x04\x95" + b"\x00" * 20)
+    with pytest.raises(UnsafeInput):
+        detect_format(raw)
+
+
+def test_truncated_and_garbage_files(cnn_onnx: Path, tmp_path: Path) -> None:
+    garbage = tmp_path / "model.onnx"
+    garbage.write_bytes(b"this is not a model at all")
+    with pytest.raises(UnsupportedFormat) as exc:
+        detect_format(garbage)
+    assert "unrecognised content" in exc.value.message
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    with pytest.raises(SourceUnreadable):
+        detect_format(empty)
+    truncated = tmp_path / "trunc.onnx"
+    truncated.write_bytes(cnn_onnx.read_bytes()[: cnn_onnx.stat().st_size // 2])
+    # Still looks like ONNX by its first bytes; loading is what fails (SOURCE_UNREADABLE).
+    assert detect_format(truncated)[0] is Format.ONNX
+    from services.onnx_io import load_onnx
+
+    with pytest.raises(SourceUnreadable):
+        load_onnx(truncated)
+
+
+def test_spec_override_is_recorded(cnn_onnx: Path, tmp_path: Path) -> None:
+    src = open_source(cnn_onnx, tmp_path, Format.ONNX)
+    assert src.format is Format.ONNX
+    assert len(src.sha256) == 64
+
+
+def _tar(path: Path, members: list[tarfile.TarInfo], payloads: dict[str, bytes] | None = None) -> Path:
+    payloads = payloads or {}
+    with tarfile.open(path, "w:gz") as tf:
+        for m in members:
+            data = payloads.get(m.name)
+            tf.addfile(m, io.BytesIO(data) if data is not None else None)
+    return path
+
+
+def test_archive_path_traversal_refused(tmp_path: Path) -> None:
+    evil = _zip(tmp_path / "evil.zip", {"../../etc/passwd": b"x"})
+    with pytest.raises(UnsafeInput, match=r"\.\."):
+        safe_extract(evil, tmp_path / "out")
+    absolute = _zip(tmp_path / "abs.zip", {"/etc/x": b"x"})
+    with pytest.raises(UnsafeInput, match="absolute"):
+        safe_extract(absolute, tmp_path / "out2")
+    assert not (tmp_path / "out" / ".." / ".." / "etc" / "passwd").exists()
+
+
+def test_archive_links_refused(tmp_path: Path) -> None:
+    link = tarfile.TarInfo("model/link")
+    link.type = tarfile.SYMTYPE
+    link.linkname = "/etc/passwd"
+    path = _tar(tmp_path / "l.tar.gz", [link])
+    with pytest.raises(UnsafeInput, match="link"):
+        safe_extract(path, tmp_path / "out")
+
+
+def test_decompression_bomb_refused(tmp_path: Path) -> None:
+    bomb = tmp_path / "bomb.zip"
+    with zipfile.ZipFile(bomb, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("zeros.bin", b"\0" * (64 * 1024 * 1024))
+    assert bomb.stat().st_size < 1024 * 1024
+    with pytest.raises(UnsafeInput) as exc:
+        safe_extract(bomb, tmp_path / "out", ArchiveLimits(max_total_bytes=32 * 1024 * 1024))
+    assert "bomb" in exc.value.hint
+    with pytest.raises(UnsafeInput, match="expands"):
+        safe_extract(bomb, tmp_path / "out2")  # default limits: the ratio check fires
+    assert not (tmp_path / "out" / "zeros.bin").exists()
+
+
+def test_savedmodel_tar_extracts_to_loadable_dir(tmp_path: Path) -> None:
+    pb = tarfile.TarInfo("export/saved_model.pb")
+    pb.size = 3
+    path = _tar(tmp_path / "sm.tar.gz", [pb], {"export/saved_model.pb": b"abc"})
+    src = open_source(path, tmp_path / "work")
+    assert src.format is Format.SAVEDMODEL
+    assert (src.path / "saved_model.pb").read_bytes() == b"abc"

@@ -1,0 +1,86 @@
+"""The onnxruntime target end to end: fp32, fp16, int8 for a CNN and a transformer block."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from google.protobuf import text_format
+
+from services.pipeline import compile_model
+from services.spec import DEFAULT_TOLERANCES, Precision, load_spec
+
+
+def _compile(model: Path, store, repository, precision: str, **extra):
+    spec = load_spec({"targets": ["onnxruntime"], "precision": precision, "name": "m",
+                      "benchmark": {"iterations": 5, "warmup": 1}, **extra})
+    return compile_model(model, spec, store=store, repository=repository)
+
+
+@pytest.mark.parametrize("model_fixture", ["cnn_onnx", "transformer_onnx"])
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "int8"])
+def test_onnxruntime_precisions(model_fixture: str, precision: str, request, store, repository, repo_dir: Path) -> None:
+    model = request.getfixturevalue(model_fixture)
+    result = _compile(model, store, repository, precision)
+    target = result.targets["onnxruntime"]
+    assert target.status == "succeeded", target.error
+    parity = target.parity
+    tol = DEFAULT_TOLERANCES[Precision(precision)]
+    assert parity["passed"] is True
+    for out in parity["outputs"]:
+        assert out["cosine"] >= tol.min_cosine
+        if tol.atol is not None:
+            assert out["max_abs"] <= tol.atol + tol.rtol * 10  # outputs are O(1)
+    version_dir = repo_dir / "m" / "1"
+    artifact = onnx.load(str(version_dir / "model.onnx"))
+    graph_in = artifact.graph.input[0].type.tensor_type.elem_type
+    assert graph_in == onnx.TensorProto.FLOAT  # fp32 I/O kept at every precision
+    ops = {n.op_type for n in artifact.graph.node}
+    inits = {i.data_type for i in artifact.graph.initializer}
+    if precision == "fp16":
+        assert onnx.TensorProto.FLOAT16 in inits and "Cast" in ops
+    if precision == "int8":
+        assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+        assert onnx.TensorProto.INT8 in inits
+    from tritonclient.grpc import model_config_pb2
+
+    cfg = text_format.Parse((repo_dir / "m" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    assert cfg.platform == "onnxruntime_onnx" and cfg.input[0].name == "input"
+    manifest = json.loads((version_dir / "kiln-manifest.json").read_text())
+    assert manifest["precision"] == precision and manifest["target"] == "onnxruntime"
+    assert manifest["source"]["sha256"] == result.source.sha256
+    assert manifest["route"] == "onnx → optimize ⇒ onnxruntime"
+    assert "onnxruntime" in manifest["tool_versions"] and "onnx" in manifest["tool_versions"]
+    assert manifest["benchmark"][0]["p50_ms"] > 0 and manifest["benchmark"][0]["iterations"] == 5
+    assert [s["step"] for s in manifest["steps"]] == ["reference", "optimize", "export:onnxruntime"]
+    assert manifest["passes"], "the optimizer's per-pass record reaches the manifest"
+    if precision == "int8":
+        assert "generated samples" in manifest["engine_details"]["int8"]["calibration_data"]
+
+
+def test_int8_with_calibration_file_and_cache(cnn_onnx: Path, tmp_path: Path, store, repository, repo_dir: Path) -> None:
+    calib = tmp_path / "calib.npz"
+    np.savez(calib, input=np.random.default_rng(1).standard_normal((12, 3, 32, 32)).astype(np.float32))
+    first = _compile(cnn_onnx, store, repository, "int8", calibration=str(calib))
+    assert first.targets["onnxruntime"].status == "succeeded"
+    assert first.targets["onnxruntime"].parity["inputs_from"] == "calibration"
+    assert first.targets["onnxruntime"].parity["samples"] == 12
+    manifest = json.loads((repo_dir / "m" / "1" / "kiln-manifest.json").read_text())
+    assert manifest["engine_details"]["int8"]["calibration_data"] == "calibration file"
+    again = _compile(cnn_onnx, store, repository, "int8", calibration=str(calib))
+    cached = {sid: o.cached for sid, o in again.steps.items()}
+    assert cached == {"reference": True, "optimize": True, "export:onnxruntime": True, "publish:onnxruntime": False}
+    assert again.targets["onnxruntime"].published["version"] == 2
+
+
+def test_parity_failure_is_reported_with_numbers(cnn_onnx: Path, store, repository) -> None:
+    # An impossible bound: the fp16 artifact cannot be bit-exact, so the target must fail.
+    result = _compile(cnn_onnx, store, repository, "fp16", tolerances={"atol": 0.0, "rtol": 0.0})
+    target = result.targets["onnxruntime"]
+    assert target.status == "failed"
+    assert target.error["code"] == "PARITY_FAILED"
+    assert target.parity["outputs"][0]["max_abs"] > 0
+    assert target.published is None

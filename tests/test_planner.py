@@ -1,0 +1,119 @@
+"""The route planner on toy edges and on the real registry."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.errors import NoRoute
+from services.formats import Format
+from services.graph import Converter, Exporter, Registry, default_registry, plan_routes
+from services.spec import Precision, TargetName, load_spec
+
+F = Format
+
+
+def _toy() -> Registry:
+    reg = Registry()
+    for name, src, dst, engine, cost in [
+        ("a-b", F.KERAS, F.ONNX, "tensorflow", 1.0),
+        ("a-c", F.KERAS, F.SAVEDMODEL, "tensorflow", 1.0),
+        ("c-b", F.SAVEDMODEL, F.ONNX, "tensorflow", 5.0),
+        ("b-d", F.ONNX, F.OPENVINO_IR, "openvino", 1.0),
+        ("c-d", F.SAVEDMODEL, F.OPENVINO_IR, "openvino", 1.0),
+    ]:
+        reg.add_converter(Converter(name, src, dst, engine, cost, f"toy:{name}", "toy"))
+    reg.add_exporter(Exporter(TargetName.ONNXRUNTIME, "onnxruntime", {F.ONNX: 1.0}, "toy:ort"))
+    reg.add_exporter(Exporter(TargetName.OPENVINO, "openvino", {F.OPENVINO_IR: 1.0}, "toy:ov"))
+    reg.add_exporter(
+        Exporter(
+            TargetName.TFSERVING,
+            "tensorflow",
+            {F.SAVEDMODEL: 1.0},
+            "toy:tfs",
+            precisions={F.SAVEDMODEL: frozenset({Precision.FP32})},
+        )
+    )
+    return reg
+
+
+def test_registry_refuses_silent_overwrite() -> None:
+    reg = _toy()
+    with pytest.raises(ValueError, match="already registered"):
+        reg.add_converter(Converter("a-b", F.KERAS, F.ONNX, "tensorflow", 9.0, "x:y", "x"))
+    with pytest.raises(KeyError, match="known: a-b"):
+        reg.converter("nope")
+
+
+def test_cheapest_route_and_prefix_sharing() -> None:
+    spec = load_spec({"targets": ["tfserving", "openvino"], "optimize": False})
+    plan = plan_routes(F.KERAS, spec, _toy())
+    # openvino has two routes of cost 3 (a-b,b-d and a-c,c-d); the one sharing a-c with tfserving wins.
+    assert plan.routes["openvino"] == "keras → savedmodel → openvino_ir ⇒ openvino"
+    assert plan.shared == ["a-c"]
+    converts = [s.id for s in plan.steps if s.kind == "convert"]
+    assert converts == ["a-c", "a-c/c-d"]
+    export = plan.step("export:openvino")
+    assert export.inputs == {"model": "a-c/c-d", "reference": "reference"}
+    assert export.queue == "kiln.openvino"
+
+
+def test_optimize_step_after_onnx() -> None:
+    spec = load_spec({"targets": ["onnxruntime", "openvino"]})
+    plan = plan_routes(F.KERAS, spec, _toy())
+    ids = [s.id for s in plan.steps]
+    assert "a-b/optimize" in ids
+    assert plan.step("export:onnxruntime").inputs["model"] == "a-b/optimize"
+    assert plan.routes["onnxruntime"] == "keras → onnx → optimize ⇒ onnxruntime"
+
+
+def test_no_route_lists_what_is_reachable() -> None:
+    spec = load_spec({"targets": ["tfserving"], "precision": "fp16"})
+    with pytest.raises(NoRoute) as exc:
+        plan_routes(F.KERAS, spec, _toy())
+    err = exc.value
+    assert err.details["reachable_formats"] == ["keras", "onnx", "openvino_ir", "savedmodel"]
+    assert "tfserving from this source is possible at: fp32" in err.hint
+    with pytest.raises(NoRoute) as exc2:
+        plan_routes(F.ONNX, load_spec({"targets": ["tfserving"]}), _toy())
+    assert exc2.value.details["reachable_formats"] == ["onnx", "openvino_ir"]
+    assert exc2.value.details["reachable_targets"] == ["onnxruntime", "openvino"]
+
+
+def test_real_registry_onnx_source() -> None:
+    spec = load_spec({"targets": ["onnxruntime", "openvino"], "precision": "int8"})
+    plan = plan_routes(F.ONNX, spec)
+    assert [s.id for s in plan.steps] == [
+        "reference",
+        "optimize",
+        "export:onnxruntime",
+        "publish:onnxruntime",
+        "optimize/onnx-to-openvino-ir",
+        "export:openvino",
+        "publish:openvino",
+    ]
+    assert plan.shared == ["optimize"]
+    assert plan.step("reference").queue == "kiln.onnxruntime"
+    assert plan.step("optimize/onnx-to-openvino-ir").queue == "kiln.openvino"
+    assert plan.step("publish:openvino").options["name"] == "model-openvino"
+
+
+def test_real_registry_every_edge_importable_module_names() -> None:
+    reg = default_registry()
+    engines = reg.engines()
+    assert engines == {"onnxruntime", "openvino", "tensorflow", "tensorrt"}
+    for conv in reg.converters:
+        module, _, func = conv.entry.partition(":")
+        assert module.startswith("services.converters.") and func
+
+
+def test_tensorrt_plan_source_is_refused() -> None:
+    with pytest.raises(NoRoute, match="cannot be converted"):
+        plan_routes(F.TENSORRT_PLAN, load_spec({"targets": ["onnxruntime"]}))
+
+
+def test_plan_round_trips_through_json() -> None:
+    from services.graph import Plan
+
+    plan = plan_routes(F.KERAS, load_spec({"targets": ["tflite", "onnxruntime"]}))
+    again = Plan.from_dict(plan.to_dict())
+    assert again.to_dict() == plan.to_dict()
