@@ -28,6 +28,7 @@ __all__ = [
     "Forbidden",
     "RepositoryConflict",
     "ServiceUnavailable",
+    "UnsupportedOps",
 ]
 
 
@@ -150,6 +151,11 @@ class ServiceUnavailable(KilnError):
     default_hint = "A backing service (broker, database or storage) is not answering; retry shortly."
 
 
+class UnsupportedOps(KilnError):
+    code = "UNSUPPORTED_OPS"
+    default_hint = "The target engine cannot import some of the model's operators; the list is in the details."
+
+
 _BY_CODE: dict[str, type[KilnError]] = {
     cls.code: cls
     for cls in (
@@ -170,6 +176,7 @@ _BY_CODE: dict[str, type[KilnError]] = {
         Forbidden,
         RepositoryConflict,
         ServiceUnavailable,
+        UnsupportedOps,
     )
 }
 
@@ -191,5 +198,6 @@ HTTP_STATUS: dict[str, int] = {
     "FORBIDDEN": 403,
     "REPOSITORY_CONFLICT": 409,
     "SERVICE_UNAVAILABLE": 503,
+    "UNSUPPORTED_OPS": 422,
     "INTERNAL": 500,
 }
