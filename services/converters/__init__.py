@@ -1,0 +1,1 @@
+"""Converters: one module per family of edges in the converter graph (format -> format)."""

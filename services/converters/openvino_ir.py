@@ -1,0 +1,135 @@
+"""Edges into OpenVINO IR: ONNX, TF SavedModel and TFLite read by ``openvino.convert_model``.
+
+Each edge writes ``model.xml`` + ``model.bin`` at full fp32 (``compress_to_fp16=False``;
+``ov.save_model`` compresses by default): an edge of the graph is a faithful conversion,
+and precision is the exporter's decision. Dynamic axes stay dynamic; the CPU plugin runs
+them as they come, and a spec's concrete shapes are for validation, not for the IR.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from services.artifacts import Artifact
+from services.errors import ConversionFailed, InvalidSpec, SourceUnreadable
+from services.formats import Format
+from services.pipeline.context import StepContext
+
+__all__ = ["IR_FILE", "onnx_to_ir", "save_ir", "savedmodel_to_ir", "tflite_to_ir"]
+
+IR_FILE = "model.xml"
+TOOL = "openvino.convert_model"
+DEFAULT_SIGNATURE = "serving_default"
+
+
+def _ov() -> Any:
+    import openvino as ov
+
+    return ov
+
+
+def _convert(ctx: StepContext, source: Any, label: str) -> Any:
+    """Return ``ov.convert_model(source)``; a refusal becomes CONVERSION_FAILED with the tool's message."""
+    ov = _ov()
+    ctx.progress(f"converting {label} with {TOOL}")
+    try:
+        return ov.convert_model(source)
+    except Exception as exc:  # OpenVINO's frontends raise OpConversionFailure, GeneralFailure, ...
+        text = str(exc)
+        raise ConversionFailed(
+            f"{TOOL} could not convert {label}: {text.strip().splitlines()[-1] if text.strip() else type(exc).__name__}",
+            hint="The tail of OpenVINO's message names the operation it cannot read; "
+            "another route (e.g. through ONNX) may support it.",
+            step=ctx.step.id,
+            tool=TOOL,
+            output_tail=text[-2000:],
+        ) from exc
+
+
+def save_ir(model: Any, out_dir: Path, *, compress_to_fp16: bool = False) -> Path:
+    """Write ``model`` as ``out_dir/model.xml`` + ``model.bin``; return the xml path."""
+    xml = out_dir / IR_FILE
+    _ov().save_model(model, str(xml), compress_to_fp16=compress_to_fp16)
+    return xml
+
+
+def _describe(model: Any) -> dict[str, Any]:
+    from services.runners.openvino import ov_tensor_spec
+
+    ops = Counter(op.get_type_name() for op in model.get_ops())
+    return {
+        "inputs": [ov_tensor_spec(p, f"input_{i}").to_dict() for i, p in enumerate(model.inputs)],
+        "outputs": [ov_tensor_spec(p, f"output_{i}").to_dict() for i, p in enumerate(model.outputs)],
+        "ops": dict(sorted(ops.items())),
+    }
+
+
+def _finish(ctx: StepContext, model: Any, source_format: Format, how: str) -> Artifact:
+    save_ir(model, ctx.out_dir, compress_to_fp16=False)
+    return Artifact(
+        root=ctx.out_dir,
+        kind=Format.OPENVINO_IR.value,
+        entry=IR_FILE,
+        meta={
+            "tool": TOOL,
+            "openvino": _ov().__version__,
+            "source_format": source_format.value,
+            "read_as": how,
+            "compress_to_fp16": False,
+            **_describe(model),
+        },
+    )
+
+
+def onnx_to_ir(ctx: StepContext) -> Artifact:
+    """Convert the step's ONNX model (external data beside it is read too) to fp32 IR."""
+    src = ctx.model.path
+    model = _convert(ctx, str(src), f"ONNX {src.name}")
+    return _finish(ctx, model, Format.ONNX, "ONNX file")
+
+
+def _signature_function(path: Path, signature: str) -> Any:
+    """Return the concrete function of a SavedModel signature, loaded with TensorFlow."""
+    import tensorflow as tf
+
+    try:
+        loaded = tf.saved_model.load(str(path))
+    except Exception as exc:
+        raise SourceUnreadable(f"TensorFlow cannot load the SavedModel {path.name}: {exc}") from exc
+    sigs = dict(loaded.signatures)
+    if signature not in sigs:
+        raise InvalidSpec(
+            f"the SavedModel has no signature {signature!r}",
+            hint=f"Set `signature` to one of: {', '.join(sorted(sigs)) or '(none: re-export with a signature)'}.",
+            signatures=sorted(sigs),
+        )
+    return sigs[signature]
+
+
+def savedmodel_to_ir(ctx: StepContext) -> Artifact:
+    """Convert the spec's signature of a SavedModel directory to fp32 IR."""
+    src = ctx.model.path
+    signature = ctx.step.options.get("signature") or ctx.spec.signature
+    if signature == DEFAULT_SIGNATURE:
+        # OpenVINO's TensorFlow frontend reads serving_default from the directory itself,
+        # without building the model in TensorFlow: cheaper and no TF graph execution.
+        model = _convert(ctx, str(src), f"SavedModel {src.name} ({signature})")
+        how = "SavedModel directory, serving_default"
+    else:
+        # Other signatures are only reachable through TensorFlow's loader; convert_model
+        # accepts the signature's ConcreteFunction directly.
+        ctx.progress(f"loading signature {signature!r} with TensorFlow")
+        model = _convert(ctx, _signature_function(src, signature), f"SavedModel {src.name} ({signature})")
+        how = f"SavedModel signature {signature} via tf.saved_model.load"
+    art = _finish(ctx, model, Format.SAVEDMODEL, how)
+    art.meta["tf_signature"] = signature
+    return art
+
+
+def tflite_to_ir(ctx: StepContext) -> Artifact:
+    """Convert a .tflite flatbuffer to fp32 IR (OpenVINO's TFLite frontend, no TF needed)."""
+    src = ctx.model.path
+    model = _convert(ctx, str(src), f"TFLite {src.name}")
+    return _finish(ctx, model, Format.TFLITE, "TFLite flatbuffer")

@@ -1,0 +1,203 @@
+"""The openvino target: model.xml + model.bin at fp32, fp16 or int8, served by OVMS or Triton.
+
+- fp32: the converted IR, re-saved uncompressed (so a submitted IR gets the repository's
+  file names and nothing else changes).
+- fp16: ``ov.save_model(..., compress_to_fp16=True)``: weights stored as fp16 with
+  decompression nodes; inputs, outputs and activations stay fp32.
+- int8: NNCF post-training quantisation of the IR, calibrated on the job's calibration
+  file or, when none was given, on the generated parity samples (labelled as such in the
+  report: statistics of random inputs are not the statistics of real data).
+
+Parity and the benchmark run with ``INFERENCE_PRECISION_HINT=f32``; the runner's module
+docstring says why that is the fair setting at every artifact precision.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from services.artifacts import Artifact
+from services.converters.openvino_ir import IR_FILE, save_ir
+from services.errors import ConversionFailed, SourceUnreadable
+from services.exporters._common import calibration_feeds, finish_export
+from services.formats import Format
+from services.pipeline.context import StepContext
+from services.pipeline.reference import load_reference
+from services.spec import Precision
+
+__all__ = ["PARITY_INFERENCE_PRECISION", "SERVING", "count_ops", "detect_attention", "export_openvino", "quantize_int8"]
+
+SERVING = {"triton": {"backend": "openvino"}, "ovms": True}
+PARITY_INFERENCE_PRECISION = "f32"
+
+#: Ops that are attention by definition (OpenVINO fuses or imports them from newer opsets).
+_ATTENTION_OPS = {"ScaledDotProductAttention", "MultiHeadAttention", "PagedAttentionExtension"}
+#: How far past a Softmax to look for the MatMul that applies attention weights to values;
+#: a Convert, Reshape or dropout-free Multiply may sit between them.
+_ATTENTION_HOPS = 3
+
+
+def count_ops(model: Any) -> dict[str, int]:
+    """Return how many ops of each type an ``ov.Model`` holds."""
+    return dict(sorted(Counter(op.get_type_name() for op in model.get_ops()).items()))
+
+
+def _feeds_matmul(node: Any, hops: int) -> bool:
+    frontier = [node]
+    for _ in range(hops):
+        nxt = []
+        for n in frontier:
+            for out in n.outputs():
+                for consumer in out.get_target_inputs():
+                    c = consumer.get_node()
+                    if c.get_type_name() == "MatMul":
+                        return True
+                    nxt.append(c)
+        frontier = nxt
+    return False
+
+
+def detect_attention(model: Any) -> bool:
+    """Return True when the model has attention: an attention op, or Softmax feeding a MatMul."""
+    for op in model.get_ops():
+        kind = op.get_type_name()
+        if kind in _ATTENTION_OPS:
+            return True
+        if kind == "Softmax" and _feeds_matmul(op, _ATTENTION_HOPS):
+            return True
+    return False
+
+
+def _ordered(feed: dict[str, np.ndarray], names: list[str], dtypes: list[str]) -> list[np.ndarray]:
+    # The reference's input names are the source model's; a converter may rename them
+    # (TFLite's "serving_default_x:0"), so fall back to position, as parity does.
+    if set(names) == set(feed):
+        arrays = [feed[n] for n in names]
+    elif len(names) == len(feed):
+        arrays = list(feed.values())
+    else:
+        raise ConversionFailed(
+            f"calibration samples carry inputs {sorted(feed)}, the IR takes {names}",
+            tool="nncf.quantize",
+        )
+    return [
+        a.astype(d) if d not in ("str", "bfloat16") and a.dtype != np.dtype(d) else a
+        for a, d in zip(arrays, dtypes, strict=True)
+    ]
+
+
+@contextlib.contextmanager
+def _quiet_nncf() -> Iterator[None]:
+    """Keep NNCF's INFO lines and progress bars off stdout (the CLI's --json output goes there)."""
+    import nncf  # noqa: F401 - configures the "nncf" logger on import
+
+    logger = logging.getLogger("nncf")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+def quantize_int8(model: Any, feeds: list[dict[str, np.ndarray]]) -> tuple[Any, dict[str, Any]]:
+    """Return ``model`` quantised to int8 by NNCF on ``feeds``, and the settings used."""
+    import nncf
+
+    from services.runners.openvino import ov_tensor_spec
+
+    specs = [ov_tensor_spec(p, f"input_{i}") for i, p in enumerate(model.inputs)]
+    names, dtypes = [s.name for s in specs], [s.dtype for s in specs]
+    items = [_ordered(feed, names, dtypes) for feed in feeds]
+    attention = detect_attention(model)
+    # Transformers: ModelType.TRANSFORMER adds NNCF's transformer ignored patterns (around
+    # Softmax, LayerNorm and the attention MatMuls) and SmoothQuant on MatMul inputs, whose
+    # outlier channels otherwise ruin per-tensor int8 scales;
+    # the MIXED preset makes activations asymmetric, since GELU/LayerNorm outputs are not
+    # centred on zero. CNNs: PERFORMANCE (symmetric everywhere) is what the CPU's int8
+    # kernels run fastest, and ReLU/BatchNorm activations quantise well symmetrically.
+    model_type = nncf.ModelType.TRANSFORMER if attention else None
+    preset = nncf.QuantizationPreset.MIXED if attention else nncf.QuantizationPreset.PERFORMANCE
+    with _quiet_nncf():
+        quantized = nncf.quantize(
+            model,
+            nncf.Dataset(items),
+            preset=preset,
+            model_type=model_type,
+            subset_size=len(items),
+            target_device=nncf.TargetDevice.CPU,
+        )
+    settings = {
+        "tool": "nncf.quantize",
+        "nncf": nncf.__version__,
+        "attention_detected": attention,
+        "model_type": "transformer" if attention else "default",
+        "preset": preset.value,
+        "target_device": "CPU",
+        "subset_size": len(items),
+    }
+    return quantized, settings
+
+
+def _read_ir(ctx: StepContext) -> Any:
+    import openvino as ov
+
+    src = ctx.model.path
+    try:
+        return ov.Core().read_model(str(src))
+    except Exception as exc:
+        raise SourceUnreadable(f"OpenVINO cannot read the IR {src.name}: {exc}") from exc
+
+
+def export_openvino(ctx: StepContext) -> Artifact:
+    """Write model.xml + model.bin at the job's precision, validated and benchmarked on OpenVINO."""
+    import openvino as ov
+
+    precision = Precision(ctx.step.options.get("precision", ctx.spec.precision.value))
+    model = _read_ir(ctx)
+    details: dict[str, Any] = {
+        "openvino": ov.__version__,
+        "parity_inference_precision": PARITY_INFERENCE_PRECISION,
+        "benchmark_inference_precision": PARITY_INFERENCE_PRECISION,
+        # Servers compile with the plugin's default unless configured: bf16 on CPUs with
+        # AVX512-BF16/AMX, which changes numbers (and speed) beyond what was checked here.
+        "serving_note": "OVMS/Triton use the CPU plugin's default inference precision "
+        "(bf16 on CPUs with AVX512-BF16/AMX) unless INFERENCE_PRECISION_HINT=f32 is configured",
+    }
+    if precision is Precision.FP32:
+        save_ir(model, ctx.out_dir, compress_to_fp16=False)
+    elif precision is Precision.FP16:
+        ctx.progress("saving with fp16-compressed weights")
+        save_ir(model, ctx.out_dir, compress_to_fp16=True)
+        details["fp16"] = {"compress_to_fp16": True, "weights": "fp16", "activations": "fp32 (f32 inference hint)"}
+    else:
+        feeds, label = calibration_feeds(load_reference(ctx.reference))
+        ctx.progress(f"quantising to int8 with NNCF on {len(feeds)} samples ({label})")
+        quantized, settings = quantize_int8(model, feeds)
+        ops = count_ops(quantized)
+        if not ops.get("FakeQuantize"):
+            # An int8 artifact with nothing quantised would be an fp32 model under a false label.
+            raise ConversionFailed(
+                "NNCF inserted no quantisers: the model has no op OpenVINO runs in int8",
+                hint="Compile at fp32 or fp16 instead.",
+                tool="nncf.quantize",
+            )
+        save_ir(quantized, ctx.out_dir, compress_to_fp16=False)
+        details["int8"] = {**settings, "calibration_data": label, "fake_quantize_ops": ops["FakeQuantize"]}
+    return finish_export(
+        ctx,
+        fmt=Format.OPENVINO_IR,
+        entry=IR_FILE,
+        precision=precision,
+        serving=SERVING,
+        runner_options={"inference_precision": PARITY_INFERENCE_PRECISION},
+        engine_details=details,
+    )
