@@ -90,8 +90,12 @@ def onnx_to_ir(ctx: StepContext) -> Artifact:
     return _finish(ctx, model, Format.ONNX, "ONNX file")
 
 
-def _signature_function(path: Path, signature: str) -> Any:
-    """Return the concrete function of a SavedModel signature, loaded with TensorFlow."""
+def _signature_function(path: Path, signature: str) -> tuple[Any, Any]:
+    """Return the loaded SavedModel and the concrete function of one of its signatures.
+
+    The caller must hold the loaded object while converting: the function only references
+    its variables, which TensorFlow deletes with the object.
+    """
     import tensorflow as tf
 
     try:
@@ -105,7 +109,7 @@ def _signature_function(path: Path, signature: str) -> Any:
             hint=f"Set `signature` to one of: {', '.join(sorted(sigs)) or '(none: re-export with a signature)'}.",
             signatures=sorted(sigs),
         )
-    return sigs[signature]
+    return loaded, sigs[signature]
 
 
 def savedmodel_to_ir(ctx: StepContext) -> Artifact:
@@ -121,7 +125,9 @@ def savedmodel_to_ir(ctx: StepContext) -> Artifact:
         # Other signatures are only reachable through TensorFlow's loader; convert_model
         # accepts the signature's ConcreteFunction directly.
         ctx.progress(f"loading signature {signature!r} with TensorFlow")
-        model = _convert(ctx, _signature_function(src, signature), f"SavedModel {src.name} ({signature})")
+        loaded, function = _signature_function(src, signature)
+        model = _convert(ctx, function, f"SavedModel {src.name} ({signature})")
+        del loaded  # only now may TensorFlow free the variables the function reads
         how = f"SavedModel signature {signature} via tf.saved_model.load"
     art = _finish(ctx, model, Format.SAVEDMODEL, how)
     art.meta["tf_signature"] = signature
