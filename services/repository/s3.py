@@ -3,10 +3,11 @@
 Triton (``--model-repository=s3://...``), TF Serving and OVMS (``base_path: "s3://..."``)
 read ``s3://bucket/prefix/<name>/<version>/`` directly. Object storage has no rename and no
 multi-object transaction: each PutObject (or CompleteMultipartUpload) is atomic for ITS
-object, and nothing is atomic across objects — server-side copy from a staging prefix is
-also one object at a time, so staging would double the traffic without closing the window.
-Kiln therefore publishes a version in a fixed order and makes its own readers gate on the
-object written last.
+object, and nothing is atomic across objects. Staging the files elsewhere and copying them
+into place would not help: server-side copy is also one object at a time, so it doubles the
+traffic without closing the window, and a staging prefix inside the repository would itself
+look like a model directory to Triton. Kiln therefore publishes a version in a fixed order
+and makes its own readers gate on the object written last.
 
 Publish protocol (``write_version`` then :func:`~services.repository.publish.publish_version`):
 
@@ -32,28 +33,29 @@ What each reader can observe:
   is whole). From step 3 on, every file the server needs is present. The window is bounded
   by the upload time of one version. What the servers then do, per their docs: TF Serving
   retries a failed load (``--max_num_load_retries``, default 5, one minute apart) and keeps
-  serving the versions it has; Triton in POLL mode marks the failed model version
-  unavailable until its next poll sees a change, and warns that polling can see partial
-  changes — run Triton with ``--model-control-mode=explicit`` and load after Kiln publishes
-  for a race-free rollout (NONE mode reads the repository only at start-up). For a model's
-  first version, ``config.pbtxt`` is written after all of the version's files, so a Triton
-  that requires the config does not see the model at all until it is complete.
+  serving the versions it has; Triton in POLL mode reports the version UNAVAILABLE and
+  tries again when a later poll sees the model change, and its docs warn that polling can
+  catch a repository mid-change — run Triton with ``--model-control-mode=explicit`` and load
+  the model after Kiln publishes for a race-free rollout (NONE mode reads the repository
+  only at start-up). For a model's first version, ``config.pbtxt`` is written after all of
+  the version's files, so a Triton that requires the config does not see the model at all
+  until it is complete.
 - A publish that dies half-way leaves a numeric ``<N>/`` without a manifest: invisible to
   Kiln (the next publish takes that number again and clears it first, step 1), visible to a
   third-party server as a version that fails to load.
 
 Locking: S3 has no locks, so :meth:`S3ModelRepository.lock` is a lease object
 ``<prefix>/.kiln-lock`` created with a conditional write (``PutObject`` with
-``If-None-Match: *``: exactly one concurrent creator succeeds; AWS S3 and SeaweedFS ≥ 3.x
-enforce it). The holder renews it every ``ttl/3`` seconds with ``If-Match`` on its ETag and
-deletes it with ``If-Match`` on release. A waiter that finds the lease older than its TTL —
+``If-None-Match: *``: exactly one concurrent creator succeeds; AWS S3 enforces it since
+2024, and the contract tests check it against SeaweedFS 4.48). The holder renews it every
+``ttl/3`` seconds with ``If-Match`` on its ETag and deletes it with ``If-Match`` on release. A waiter that finds the lease older than its TTL —
 measured with the server's clock, the object's Last-Modified against the response's Date,
 so client clock skew does not matter — deletes it with ``If-Match`` on the ETag it saw, so
 two waiters cannot both break the same lease. Guarantee: mutual exclusion between Kiln
 publishers as long as a live holder renews within the TTL; a crashed holder delays others
 by at most one TTL. A holder stalled longer than the TTL (a frozen VM) can lose the lease;
-it notices at its next renewal and ``lock()`` raises SERVICE_UNAVAILABLE on exit instead of
-reporting success. A server that ignores conditional headers would give no exclusion; the
+it notices at its next renewal or at release, and ``lock()`` raises SERVICE_UNAVAILABLE on
+exit instead of reporting success. A server that ignores conditional headers would give no exclusion; the
 contract tests run the lock against the real server to catch that.
 """
 
