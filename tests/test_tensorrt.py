@@ -673,6 +673,7 @@ def test_target_preflight_fails_before_needing_tensorrt(tmp_path: Path, store, r
     assert KilnError.from_dict(target.error).code == "UNSUPPORTED_OPS"
 
 
+@pytest.mark.tensorrt
 @pytest.mark.skipif(not HAS_TENSORRT, reason=NO_TRT_REASON)
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "int8"])
 def test_real_tensorrt_build(precision: str, cnn_onnx: Path, store, repository, repo_dir: Path) -> None:

@@ -11,7 +11,7 @@ for inputs that are plainly computed at run time (graph inputs and outputs of ot
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import onnx
@@ -38,7 +38,7 @@ class GraphFacts(Protocol):
 Check = Callable[[onnx.NodeProto, GraphFacts, ParserSupport], list[str]]
 
 
-def _attr(node: onnx.NodeProto, name: str, default: object = None) -> object:
+def _attr(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
     for a in node.attribute:
         if a.name == name:
             return helper.get_attribute_value(a)
@@ -64,18 +64,19 @@ def _must_be_constant(node: onnx.NodeProto, facts: GraphFacts, index: int, what:
 def _pool(node: onnx.NodeProto, facts: GraphFacts, support: ParserSupport) -> list[str]:
     out = []
     dilations = _attr(node, "dilations")
-    if dilations and any(d != 1 for d in dilations):  # type: ignore[union-attr]
-        out.append(f"dilations must be empty or all ones, got {list(dilations)}")  # type: ignore[call-overload]
+    if dilations and any(d != 1 for d in dilations):
+        out.append(f"dilations must be empty or all ones, got {list(dilations)}")
     kernel = _attr(node, "kernel_shape")
-    if node.op_type in ("AveragePool", "MaxPool") and kernel is not None and len(kernel) not in (2, 3):  # type: ignore[arg-type]
-        out.append(f"2D or 3D pooling only, this is {len(kernel)}D")  # type: ignore[arg-type]
-    if node.op_type == "MaxPool" and _input_count_used(node.output) > 1:
+    if node.op_type in ("AveragePool", "MaxPool") and kernel is not None and len(kernel) not in (2, 3):
+        out.append(f"2D or 3D pooling only, this is {len(kernel)}D")
+    if node.op_type == "MaxPool" and _count_named(node.output) > 1:
         out.append("the `Indices` output is unsupported")
     return out
 
 
-def _input_count_used(names: object) -> int:
-    return sum(1 for n in names if n)  # type: ignore[attr-defined]
+def _count_named(names: Any) -> int:
+    """Return how many of a node's input/output slots are used (omitted ones are "")."""
+    return sum(1 for n in names if n)
 
 
 def _zero_point(node: onnx.NodeProto, facts: GraphFacts, index: int, what: str) -> list[str]:
@@ -105,7 +106,7 @@ def _quantize(node: onnx.NodeProto, facts: GraphFacts, support: ParserSupport) -
     out_type = facts.dtype(zp) if zp else None
     declared = _attr(node, "output_dtype", 0)
     if out_type is None and declared:
-        out_type = onnx.TensorProto.DataType.Name(declared)  # type: ignore[arg-type]
+        out_type = onnx.TensorProto.DataType.Name(declared)
     return _zero_point(node, facts, 2, "y_zero_point") + _quantized_type(out_type, support, "quantizing to")
 
 
@@ -179,7 +180,7 @@ def _constant(node: onnx.NodeProto, facts: GraphFacts, support: ParserSupport) -
 
 
 def _layer_norm(node: onnx.NodeProto, facts: GraphFacts, support: ParserSupport) -> list[str]:
-    return ["only the first output `Y` is supported"] if _input_count_used(node.output[1:]) else []
+    return ["only the first output `Y` is supported"] if _count_named(node.output[1:]) else []
 
 
 def _reduce(node: onnx.NodeProto, facts: GraphFacts, support: ParserSupport) -> list[str]:
