@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from google.protobuf import text_format
-from storage_servers import S3Server, s3_server  # noqa: F401 - the session fixture
+from storage_servers import S3Server
 
 from services.artifacts import Artifact
 from services.errors import KilnError
