@@ -286,6 +286,24 @@ def test_unreadable_ir_is_source_unreadable(tmp_path: Path) -> None:
     assert err.value.code == "SOURCE_UNREADABLE"
 
 
+def test_openvino_ir_source_is_checked_and_renamed(
+    cnn_ir: Path, tmp_path: Path, store, repository, repo_dir: Path
+) -> None:
+    """A submitted IR (any file names) goes straight to the exporter and lands as model.xml/.bin."""
+    import shutil
+
+    shutil.copy(cnn_ir, tmp_path / "net.xml")
+    shutil.copy(cnn_ir.with_suffix(".bin"), tmp_path / "net.bin")
+    result = compile_model(tmp_path / "net.xml", _spec("fp16", benchmark=False), store=store, repository=repository)
+    target = result.targets["openvino"]
+    assert target.status == "succeeded", target.error
+    assert result.plan.routes["openvino"] == "openvino_ir ⇒ openvino"
+    assert target.parity["passed"] and 0 < target.parity["outputs"][0]["max_abs"] < 2e-2
+    assert {p.name for p in (repo_dir / "m" / "1").iterdir()} == {"kiln-manifest.json", "model.bin", "model.xml"}
+    _, consts = _ir_layers(repo_dir / "m" / "1" / "model.xml")
+    assert consts["f16"] > 0
+
+
 def test_attention_detection(cnn_ir: Path, transformer_onnx: Path) -> None:
     import openvino as ov
 
