@@ -676,11 +676,20 @@ def test_target_preflight_fails_before_needing_tensorrt(tmp_path: Path, store, r
 @pytest.mark.tensorrt
 @pytest.mark.skipif(not HAS_TENSORRT, reason=NO_TRT_REASON)
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "int8"])
-def test_real_tensorrt_build(precision: str, cnn_onnx: Path, store, repository, repo_dir: Path) -> None:
-    """A real plan on a real GPU: parity, manifest facts and Triton config."""
+def test_real_tensorrt_build(
+    precision: str, cnn_onnx: Path, store, repository, repo_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real plan on a real GPU: parity, manifest facts, timing cache and Triton config."""
     from tritonclient.grpc import model_config_pb2
 
-    result = _compile(cnn_onnx, store, repository, precision, max_batch_size=4)
+    from services.settings import get_settings
+
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))  # the timing cache stays in the test's dir
+    get_settings.cache_clear()
+    try:
+        result = _compile(cnn_onnx, store, repository, precision, max_batch_size=4)
+    finally:
+        get_settings.cache_clear()
     target = result.targets["tensorrt"]
     assert target.status == "succeeded", target.error
     assert target.parity["passed"] is True
@@ -689,7 +698,8 @@ def test_real_tensorrt_build(precision: str, cnn_onnx: Path, store, repository, 
     assert details["tensorrt_version"].split(".")[0] in ("10", "11")
     assert float(details["compute_capability"]) >= 5.0
     assert details["profiles"][0]["input"]["max"] == [4, 3, 32, 32]
-    assert Path(details["timing_cache"]["path"]).exists()
+    assert Path(details["timing_cache"]["path"]).parent == tmp_path / "cache" / "tensorrt"
+    assert Path(details["timing_cache"]["path"]).stat().st_size == details["timing_cache"]["stored_bytes"] > 0
     assert (repo_dir / "m" / "1" / "model.plan").stat().st_size > 0
     cfg = text_format.Parse((repo_dir / "m" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
     assert cfg.platform == "tensorrt_plan" and cfg.max_batch_size == 4
