@@ -24,7 +24,7 @@ __all__ = ["ReferenceData", "load_reference", "run_reference_step", "source_runn
 
 def source_runner(ctx: StepContext) -> ModelRunner:
     """Open the job's source model with its own framework."""
-    return open_runner(ctx.source.format, ctx.source.path, signature=ctx.spec.signature)
+    return open_runner(ctx.source.format, ctx.source.path, signature=ctx.spec.signature, inputs=ctx.spec.inputs)
 
 
 def _pack(samples: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
