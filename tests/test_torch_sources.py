@@ -624,3 +624,54 @@ def test_pt2_graph_calling_a_python_function_refused(cnn, tmp_path) -> None:
         open_runner(Format.TORCH_EXPORT, evil)
     assert err.value.code in ("UNSAFE_INPUT", "SOURCE_UNREADABLE")  # torch's verifier or ours, before any call
     assert "system" in err.value.message
+
+
+def test_pt2_string_input_cannot_inject_guard_code(torch_dir, tmp_path, shared_store, repository) -> None:
+    """torch pastes a string input's value, unescaped, into the guard code it exec()s."""
+    import torch
+
+    class Mode(torch.nn.Module):
+        def forward(self, x, mode: str):
+            return x * 2 if mode == "double" else x
+
+    plain = torch_dir / "mode.pt2"
+    torch.export.save(torch.export.export(Mode(), (torch.randn(2), "double")), str(plain))
+    runner = open_runner(Format.TORCH_EXPORT, plain)  # a plain string input is fine
+    np.testing.assert_array_equal(runner.run({"x": np.ones(2, np.float32)})["output"], [2.0, 2.0])
+
+    marker = tmp_path / "payload-ran"
+    payload = f"double' or open({str(marker)!r}, 'w') or '"
+    quoted = json.dumps({"as_string": payload})[1:-1].encode()
+    evil = _rewrite(plain, tmp_path / "evil.pt2", lambda n, b: b.replace(b'"as_string": "double"', quoted))
+    _assert_live(evil, marker, lambda p: torch.export.load(str(p)).module()(torch.ones(2), payload))
+    result = _compile(evil, _spec(["onnxruntime"]), shared_store, repository)
+    assert result.targets["onnxruntime"].error["code"] == "UNSAFE_INPUT"
+    assert not marker.exists()
+
+
+def test_pt2_shapes_outside_the_programs_ranges_are_invalid_spec(cnn, shared_store, repository) -> None:
+    spec = _spec(["onnxruntime"], inputs={"x": {"shape": [100, 3, 32, 32]}})  # exported with batch <= 64
+    error = _compile(cnn["pt2"], spec, shared_store, repository).targets["onnxruntime"].error
+    assert error["code"] == "INVALID_SPEC"
+    assert "<= 64" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("module", "name", "allowed"),
+    [
+        ("__torch__.models", "TinyCNN", True),
+        ("torch._utils", "_rebuild_tensor_v2", True),
+        ("torch", "FloatStorage", True),
+        ("torch", "per_tensor_affine", True),
+        ("torch.jit._pickle", "restore_type_tag", True),
+        ("collections", "OrderedDict", True),
+        ("torch", "load", False),
+        ("torch.serialization", "os", False),
+        ("builtins", "eval", False),
+        ("io", "open", False),
+    ],
+)
+def test_torchscript_pickle_global_allowlist(module: str, name: str, allowed: bool) -> None:
+    from services.runners.torch_archives import _torchscript_global
+
+    assert _torchscript_global(module, name) is allowed

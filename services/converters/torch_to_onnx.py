@@ -140,7 +140,7 @@ def exported_program_to_onnx(ctx: StepContext) -> Artifact:
 
     from services.runners.torch import ExportedProgramRunner
 
-    runner = ExportedProgramRunner(ctx.model.path)
+    runner = ExportedProgramRunner(ctx.model.path, inputs=ctx.spec.inputs)
     opset = _opset(ctx)
     dst = ctx.out_dir / MODEL_FILE
     ctx.progress(f"exporting the ExportedProgram to ONNX opset {opset}")

@@ -193,7 +193,7 @@ class TorchScriptRunner(ModelRunner):
 class ExportedProgramRunner(ModelRunner):
     """A torch.export ExportedProgram, vetted and loaded, run through ``.module()``."""
 
-    def __init__(self, path: Path, **_: Any) -> None:
+    def __init__(self, path: Path, *, inputs: dict[str, InputSpec] | None = None, **_: Any) -> None:
         import torch
         from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind, TensorArgument
         from torch.utils import _pytree as pytree
@@ -238,6 +238,11 @@ class ExportedProgramRunner(ModelRunner):
                 )
             shape = tuple(d if isinstance(d, int) else None for d in val.shape)
             self.outputs.append(TensorSpec(name, torch_dtype_name(val.dtype), shape))
+        unknown = sorted(set(inputs or {}) - {t.name for t in self.inputs})
+        if unknown:
+            raise InvalidSpec(
+                f"spec inputs {unknown} are not inputs of the program; it takes {[t.name for t in self.inputs]}"
+            )
         self._in_spec = self.program.call_spec.in_spec
         self.module = self.program.module()
 
@@ -247,7 +252,17 @@ class ExportedProgramRunner(ModelRunner):
 
         flat = [torch.from_numpy(np.ascontiguousarray(feeds[v])) if kind == "tensor" else v for kind, v in self._flat]
         args, kwargs = pytree.tree_unflatten(flat, self._in_spec)
-        with torch.no_grad():
-            out = self.module(*args, **kwargs)
+        try:
+            with torch.no_grad():
+                out = self.module(*args, **kwargs)
+        except AssertionError as exc:
+            # torch derives these checks from the program's own dynamic ranges.
+            if "Guard failed" not in str(exc):
+                raise
+            raise InvalidSpec(
+                f"the inputs fall outside the shapes the program was exported for: {exc}",
+                hint="Pick `inputs` shapes inside the program's dynamic ranges (torch.export.Dim min/max), "
+                "or export it again with wider ones.",
+            ) from exc
         leaves = pytree.tree_leaves(out)
         return {o.name: _to_numpy(x) for o, x in zip(self.outputs, leaves, strict=True)}

@@ -55,12 +55,6 @@ _PT2_HINT = (
 )
 _TS_HINT = "Save the model with torch.jit.trace(model, example).save(path) or torch.jit.script(model).save(path)."
 
-# Globals a TorchScript archive's pickles may name: TorchScript classes (__torch__.*), torch's
-# own rebuild helpers and storages, and OrderedDict. Anything else (os.system, builtins.eval)
-# is a smuggled Python object: TorchScript's loader would refuse it too, but we say why.
-_TS_ALLOWED_MODULE = re.compile(r"^(__torch__|torch)(\.[A-Za-z0-9_]+)*$")
-_TS_ALLOWED_GLOBALS = {("collections", "OrderedDict")}
-
 
 # ----------------------------------------------------------------------------- zip members
 
@@ -119,6 +113,28 @@ def _pickle_globals(body: bytes) -> Iterator[tuple[str, str]]:
             yield "<STACK_GLOBAL>", "?"
 
 
+def _torchscript_global(module: str, name: str) -> bool:
+    """Return True for a global a TorchScript archive's pickles may name.
+
+    TorchScript classes (``__torch__.*``, defined by the archive's code/), torch's tensor
+    rebuild helpers, storages, dtypes and qschemes, and OrderedDict. Anything else (io.open,
+    os.system, builtins.eval) is a smuggled Python object: TorchScript's C++ unpickler would
+    refuse it too, but the user is told why.
+    """
+    import torch
+
+    if module == "__torch__" or module.startswith("__torch__."):
+        return True
+    if (module, name) == ("collections", "OrderedDict") or module == "torch.jit._pickle":
+        return True
+    if module == "torch._utils":
+        return name.startswith("_rebuild_")
+    if module == "torch":
+        kinds = (torch.dtype, torch.qscheme, torch.layout, torch.memory_format)
+        return name.endswith("Storage") or name in ("device", "Size") or isinstance(getattr(torch, name, None), kinds)
+    return False
+
+
 def check_torchscript_archive(data: bytes, what: str = "TorchScript archive") -> dict[str, bytes]:
     """Vet a TorchScript zip; return its members. UNSAFE_INPUT names any foreign pickle global."""
     _, members = _read_members(data, what)
@@ -129,7 +145,7 @@ def check_torchscript_archive(data: bytes, what: str = "TorchScript archive") ->
             continue
         try:
             for module, attr in _pickle_globals(body):
-                if (module, attr) not in _TS_ALLOWED_GLOBALS and not _TS_ALLOWED_MODULE.match(module):
+                if not _torchscript_global(module, attr):
                     raise UnsafeInput(
                         f"{what}: {name} imports {module}.{attr}, which is not a TorchScript type; "
                         "Kiln never unpickles arbitrary Python objects",
@@ -251,7 +267,8 @@ _SYMPY_KEYWORDS = frozenset(
     {"positive", "negative", "nonnegative", "nonpositive", "integer", "real", "finite", "zero",
      "nonzero", "even", "odd", "commutative", "precision", "evaluate", "extended_real", "rational"}
 )  # fmt: skip
-_PLAIN_STRING = re.compile(r"^[A-Za-z0-9_.+-]{1,64}$")
+# String literals are symbol names (Symbol('s77')) or numbers (Float('1.5', precision=53)).
+_PLAIN_STRING = re.compile(r"^([A-Za-z_][A-Za-z0-9_]{0,63}|[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?)$")
 _AST_OPS = (
     ast.Expression, ast.Load, ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare, ast.Tuple,
     ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.USub, ast.UAdd, ast.Not,
@@ -348,9 +365,32 @@ def _rewrite_treespec(text: Any) -> Any:
     return json.dumps([protocol, _rewrite_tree(schema)])
 
 
+# Graph inputs torch may turn into guard code. A string input's value is pasted into it
+# between quotes, unescaped (torch/export/_unlift.py: f"{src} == '{meta}'"), so it must not
+# be able to close them; custom-object inputs would need a pickle.
+_GRAPH_INPUT_KINDS = frozenset({"as_tensor", "as_sym_int", "as_int", "as_float", "as_bool", "as_none", "as_string"})
+_QUOTABLE = re.compile(r"^[^'\"\\\x00-\x1f\x7f]*$")
+
+
+def _vet_graph_inputs(graph: dict[str, Any]) -> None:
+    for arg in graph.get("inputs") or []:
+        kinds = set(arg) if isinstance(arg, dict) else {repr(arg)}
+        if not kinds <= _GRAPH_INPUT_KINDS:
+            raise UnsafeInput(f"the exported graph takes a {sorted(kinds - _GRAPH_INPUT_KINDS)} input", hint=_PT2_HINT)
+        text = arg.get("as_string") if isinstance(arg, dict) else None
+        if text is not None and not (isinstance(text, str) and _QUOTABLE.match(text)):
+            raise UnsafeInput(
+                f"the exported graph takes a string input {str(text)[:60]!r} with quotes or control "
+                "characters; torch would paste it into generated Python code",
+                hint=_PT2_HINT,
+            )
+
+
 def _vet_model_json(obj: Any) -> Any:
     """Walk the serialized ExportedProgram: check expressions, rewrite treespecs; return it."""
     if isinstance(obj, dict):
+        if isinstance(obj.get("inputs"), list) and isinstance(obj.get("nodes"), list):
+            _vet_graph_inputs(obj)
         out = {}
         for key, value in obj.items():
             if key == "expr_str":
