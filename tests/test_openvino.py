@@ -164,7 +164,6 @@ def test_parity_failure_is_reported_with_numbers(cnn_onnx: Path, store, reposito
 
 def test_default_route_with_optimizer_and_json_cli(transformer_onnx: Path, tmp_path: Path) -> None:
     """`kiln compile --json` at int8 through the default route (ONNX passes on): stdout stays JSON."""
-    pytest.importorskip("services.passes.step", reason="the ONNX optimizer has not landed yet")
     repo = tmp_path / "repo"
     proc = subprocess.run(
         [

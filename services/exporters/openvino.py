@@ -39,6 +39,8 @@ PARITY_INFERENCE_PRECISION = "f32"
 
 #: Ops that are attention by definition (OpenVINO fuses or imports them from newer opsets).
 _ATTENTION_OPS = {"ScaledDotProductAttention", "MultiHeadAttention", "PagedAttentionExtension"}
+#: NNCF's own default: statistics settle well before 300 samples, and each one costs a run.
+_MAX_CALIBRATION_SAMPLES = 300
 #: How far past a Softmax to look for the MatMul that applies attention weights to values;
 #: a Convert, Reshape or dropout-free Multiply may sit between them.
 _ATTENTION_HOPS = 3
@@ -132,7 +134,7 @@ def quantize_int8(model: Any, feeds: list[dict[str, np.ndarray]]) -> tuple[Any, 
             nncf.Dataset(items),
             preset=preset,
             model_type=model_type,
-            subset_size=len(items),
+            subset_size=min(len(items), _MAX_CALIBRATION_SAMPLES),
             target_device=nncf.TargetDevice.CPU,
         )
     settings = {
@@ -142,7 +144,8 @@ def quantize_int8(model: Any, feeds: list[dict[str, np.ndarray]]) -> tuple[Any, 
         "model_type": "transformer" if attention else "default",
         "preset": preset.value,
         "target_device": "CPU",
-        "subset_size": len(items),
+        "samples_given": len(items),
+        "subset_size": min(len(items), _MAX_CALIBRATION_SAMPLES),
     }
     return quantized, settings
 
