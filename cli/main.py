@@ -314,3 +314,5 @@ def schema_cmd() -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     main()
+
+from cli import service_commands  # noqa: E402,F401  (registers api, worker, migrate, serve, token)

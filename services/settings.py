@@ -58,6 +58,12 @@ class Settings(BaseSettings):
     auth_enabled: bool = Field(default=False, description="Require bearer API tokens on every endpoint but health.")
     step_soft_time_limit: int = Field(default=3600, ge=1, description="Seconds before a step is asked to stop.")
     step_hard_time_limit: int = Field(default=3900, ge=1, description="Seconds before a step is killed.")
+    step_heartbeat_interval: float = Field(
+        default=5.0, gt=0, description="Seconds between a running step's heartbeats in the job store."
+    )
+    step_stale_after: float = Field(
+        default=60.0, gt=0, description="Seconds without a heartbeat after which a running step is requeued."
+    )
 
     @model_validator(mode="after")
     def _refuse_unsafe_production(self) -> Settings:

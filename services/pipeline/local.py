@@ -10,14 +10,15 @@ import re
 import tempfile
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from services.errors import KilnError
 from services.formats import DetectedSource, open_source, sha256_path
-from services.graph.planner import Plan, PlanStep, plan_routes
+from services.graph.planner import Plan, plan_routes
 from services.pipeline.executor import StepOutcome, run_step
+from services.pipeline.results import TargetResult, blocked_by, target_results
 from services.repository.base import ModelRepository
 from services.spec import CompileSpec
 from services.storage.base import ArtifactStore
@@ -25,23 +26,6 @@ from services.storage.base import ArtifactStore
 __all__ = ["CompileResult", "TargetResult", "compile_model", "default_model_name"]
 
 Event = dict[str, Any]
-
-
-@dataclass
-class TargetResult:
-    """How one target ended."""
-
-    target: str
-    route: str
-    status: str = "pending"  # succeeded | failed | skipped
-    error: dict[str, Any] | None = None
-    parity: dict[str, Any] | None = None
-    benchmark: list[dict[str, Any]] = field(default_factory=list)
-    published: dict[str, Any] | None = None
-    artifact: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 @dataclass
@@ -66,13 +50,6 @@ def default_model_name(path: Path) -> str:
     return name[:128]
 
 
-def _blocked_by(step: PlanStep, failed: dict[str, KilnError]) -> KilnError | None:
-    for dep in step.depends_on:
-        if dep in failed:
-            return failed[dep]
-    return None
-
-
 def compile_model(
     model_path: Path,
     spec: CompileSpec,
@@ -93,11 +70,10 @@ def compile_model(
         emit({"type": "planned", "plan": plan.to_dict(), "source": source.seen})
         calibration_path = Path(spec.calibration) if spec.calibration else None
         calibration_sha = sha256_path(calibration_path) if calibration_path and calibration_path.exists() else None
-        targets = {t: TargetResult(target=t, route=r) for t, r in plan.routes.items()}
         outcomes: dict[str, StepOutcome] = {}
         failed: dict[str, KilnError] = {}
         for step in plan.steps:
-            blocker = _blocked_by(step, failed)
+            blocker = blocked_by(step, failed)
             if blocker is not None:
                 failed[step.id] = blocker
                 emit({"type": "step_skipped", "step": step.id, "because": blocker.code})
@@ -132,21 +108,11 @@ def compile_model(
                     "cached": outcome.cached,
                 }
             )
-        for target, result in targets.items():
-            export_id, publish_id = f"export:{target}", f"publish:{target}"
-            if export_id in outcomes:
-                meta = outcomes[export_id].meta
-                result.parity = meta.get("parity")
-                result.benchmark = meta.get("benchmark", [])
-                result.artifact = str(outcomes[export_id].artifact.path)
-            if publish_id in outcomes:
-                result.status = "succeeded"
-                result.published = outcomes[publish_id].meta.get("published")
-            else:
-                err = failed.get(publish_id)
-                result.status = "failed"
-                result.error = err.to_dict() if err else {"code": "INTERNAL", "message": "step did not run"}
-                if err is not None and "parity" in err.details:
-                    result.parity = err.details["parity"]
+        targets = target_results(
+            plan,
+            {sid: o.meta for sid, o in outcomes.items()},
+            {sid: str(o.artifact.path) for sid, o in outcomes.items()},
+            {sid: e.to_dict() for sid, e in failed.items()},
+        )
         emit({"type": "finished", "ok": all(t.status == "succeeded" for t in targets.values())})
         return CompileResult(job_id=job_id, source=source, plan=plan, steps=outcomes, targets=targets)

@@ -1,0 +1,97 @@
+"""The FastAPI app factory: settings, job store, Celery app and storage are handed in, not imported."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from api.auth import TokenCache
+from api.errors import install_error_handlers
+from api.metrics import Metrics, MetricsMiddleware
+from api.routes import compile as compile_routes
+from api.routes import jobs as job_routes
+from api.routes import plan as plan_routes
+from api.routes import service as service_routes
+from services.graph.registry import Registry, default_registry
+from services.jobs.backends import open_repository, open_store
+from services.jobs.db import database_url
+from services.jobs.migrate import upgrade
+from services.jobs.store import JobStore
+from services.settings import Settings, get_settings
+from services.spec import CompileSpec
+
+__all__ = ["create_app"]
+
+DESCRIPTION = """\
+Kiln compiles a trained model for every serving engine a team deploys to, checks each
+artifact against the source model, benchmarks it and publishes it into a model repository.
+
+Submit with `POST /compile` (multipart: `model` file + `spec` JSON), follow with
+`GET /jobs/{id}/events` (Server-Sent Events) or `GET /jobs/{id}`, download with
+`GET /jobs/{id}/artifacts/{target}`. Errors carry a stable `code` and a `hint`.
+"""
+
+
+def create_app(
+    settings: Settings | None = None, celery_app: Any = None, *, registry: Registry | None = None
+) -> FastAPI:
+    """Return the API app for ``settings`` publishing steps through ``celery_app``.
+
+    Without a Celery app one is built from the settings (what `kiln api` does). A SQLite
+    job store is migrated at start; PostgreSQL is migrated by `kiln migrate`.
+    """
+    settings = settings or get_settings()
+    if celery_app is None:
+        from workers.app import create_celery_app
+
+        celery_app = create_celery_app(settings)
+    url = database_url(settings)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> Any:
+        if url.startswith("sqlite"):
+            upgrade(url)
+        yield
+
+    app = FastAPI(title="Kiln", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
+    state = app.state
+    state.settings = settings
+    state.celery = celery_app
+    state.jobs = JobStore(url)
+    state.store = open_store(settings)
+    state.repository = open_repository(settings)
+    state.registry = registry or default_registry()
+    state.token_cache = TokenCache()
+    state.worker_max_age = max(3 * settings.step_heartbeat_interval, 15.0)
+    state.metrics = Metrics(state)
+    install_error_handlers(app)
+    for module in (compile_routes, job_routes, plan_routes, service_routes):
+        app.include_router(module.router)
+    app.add_middleware(MetricsMiddleware, metrics=state.metrics)
+    _complete_openapi(app)
+    return app
+
+
+def _complete_openapi(app: FastAPI) -> None:
+    """Make sure CompileSpec (and what it references) is in the document's components.
+
+    POST /compile's multipart body refers to it; pydantic's own JSON Schema is the source, so
+    the document shows exactly what `kiln schema` prints.
+    """
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+        spec_schema = CompileSpec.model_json_schema(ref_template="#/components/schemas/{model}")
+        for name, sub in spec_schema.pop("$defs", {}).items():
+            schemas.setdefault(name, sub)
+        schemas.setdefault("CompileSpec", spec_schema)
+        app.openapi_schema = doc
+        return doc
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -1,0 +1,80 @@
+"""Dependencies of the routes, as ``Annotated`` aliases: settings, job store, Celery, storage, auth.
+
+Everything hangs off ``app.state`` (set by ``create_app``), so a test builds an app with
+its own settings and Celery app instead of patching globals.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from api.auth import Principal, authenticate
+from services.graph.registry import Registry
+from services.jobs.store import JobStore
+from services.repository.base import ModelRepository
+from services.settings import Settings
+from services.storage.base import ArtifactStore
+
+__all__ = [
+    "AdminAuth",
+    "CeleryDep",
+    "JobStoreDep",
+    "ReadAuth",
+    "RegistryDep",
+    "RepositoryDep",
+    "SettingsDep",
+    "StoreDep",
+    "WriteAuth",
+]
+
+
+def get_app_settings(request: Request) -> Settings:
+    return request.app.state.settings  # type: ignore[no-any-return]
+
+
+def get_job_store(request: Request) -> JobStore:
+    return request.app.state.jobs  # type: ignore[no-any-return]
+
+
+def get_celery(request: Request) -> Any:
+    return request.app.state.celery
+
+
+def get_store(request: Request) -> ArtifactStore:
+    return request.app.state.store  # type: ignore[no-any-return]
+
+
+def get_repository(request: Request) -> ModelRepository:
+    return request.app.state.repository  # type: ignore[no-any-return]
+
+
+def get_registry(request: Request) -> Registry:
+    return request.app.state.registry  # type: ignore[no-any-return]
+
+
+SettingsDep = Annotated[Settings, Depends(get_app_settings)]
+JobStoreDep = Annotated[JobStore, Depends(get_job_store)]
+CeleryDep = Annotated[Any, Depends(get_celery)]
+StoreDep = Annotated[ArtifactStore, Depends(get_store)]
+RepositoryDep = Annotated[ModelRepository, Depends(get_repository)]
+RegistryDep = Annotated[Registry, Depends(get_registry)]
+
+_bearer = HTTPBearer(auto_error=False, description="An API token from `kiln token create` (when auth is enabled).")
+
+
+def _require(scope: str) -> Any:
+    def dependency(
+        request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+    ) -> Principal:
+        return authenticate(request.app.state, credentials.credentials if credentials else None, scope)
+
+    dependency.__name__ = f"require_{scope}"
+    return dependency
+
+
+ReadAuth = Annotated[Principal, Depends(_require("read"))]
+WriteAuth = Annotated[Principal, Depends(_require("write"))]
+AdminAuth = Annotated[Principal, Depends(_require("admin"))]

@@ -1,0 +1,95 @@
+"""POST /compile: stream the upload to disk, accept the job, answer 202 with where to follow it."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+
+from api.deps import CeleryDep, JobStoreDep, RegistryDep, SettingsDep, StoreDep, WriteAuth
+from api.schemas import ErrorPublic, JobAccepted
+from api.submission import accept_job, start_job
+from api.upload import receive_upload
+
+router = APIRouter(tags=["jobs"])
+
+_ERRORS = {
+    400: {
+        "model": ErrorPublic,
+        "description": "SOURCE_UNREADABLE, UNSAFE_INPUT (archive with .., absolute paths, links, a bomb)",
+    },
+    401: {"model": ErrorPublic, "description": "UNAUTHORIZED"},
+    403: {"model": ErrorPublic, "description": "FORBIDDEN"},
+    413: {"model": ErrorPublic, "description": "UPLOAD_TOO_LARGE"},
+    415: {"model": ErrorPublic, "description": "UNSUPPORTED_FORMAT"},
+    422: {"model": ErrorPublic, "description": "INVALID_SPEC (naming the field), NO_ROUTE"},
+    503: {"model": ErrorPublic, "description": "SERVICE_UNAVAILABLE (broker down)"},
+}
+
+_BODY = {
+    "required": True,
+    "content": {
+        "multipart/form-data": {
+            "schema": {
+                "type": "object",
+                "required": ["model", "spec"],
+                "properties": {
+                    "model": {
+                        "type": "string",
+                        "format": "binary",
+                        "description": "The model: a single file or an archive (.zip, .tar, .tar.gz).",
+                    },
+                    "spec": {"$ref": "#/components/schemas/CompileSpec"},
+                    "calibration": {
+                        "type": "string",
+                        "format": "binary",
+                        "description": "Optional .npz keyed by input name (int8 calibration and parity inputs).",
+                    },
+                },
+            },
+            "encoding": {"spec": {"contentType": "application/json"}},
+        }
+    },
+}
+
+
+@router.post(
+    "/compile",
+    status_code=202,
+    response_model=JobAccepted,
+    responses=_ERRORS,
+    openapi_extra={"requestBody": _BODY},
+    summary="Submit a model and a CompileSpec",
+)
+async def submit(
+    request: Request,
+    principal: WriteAuth,
+    settings: SettingsDep,
+    jobs: JobStoreDep,
+    store: StoreDep,
+    celery: CeleryDep,
+    registry: RegistryDep,
+    cache: bool = Query(True, description="Take step outputs from the cache when present."),
+) -> JSONResponse:
+    """Stream the upload to the artifact store, plan it and queue it; 202 with the job id."""
+    scratch = settings.cache_dir / "api"
+    upload = await receive_upload(request, max_bytes=settings.max_upload_bytes, tmp_root=scratch / "uploads")
+    try:
+        request.app.state.metrics.upload_bytes.inc(upload.total_bytes)
+        job_id = await run_in_threadpool(
+            accept_job,
+            upload,
+            jobs=jobs,
+            store=store,
+            registry=registry,
+            use_cache=cache,
+            owner=principal.name,
+            scratch_root=scratch / "detect",
+        )
+    finally:
+        await run_in_threadpool(upload.cleanup)
+    await run_in_threadpool(start_job, jobs, celery, job_id)
+    request.app.state.metrics.jobs_submitted.inc()
+    url = f"/jobs/{job_id}"
+    body = JobAccepted(id=job_id, url=url, events_url=f"{url}/events")
+    return JSONResponse(body.model_dump(), status_code=202, headers={"Location": url})

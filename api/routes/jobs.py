@@ -1,0 +1,194 @@
+"""Jobs: list, read, cancel, progress events (SSE), logs, and artifact downloads."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse, PlainTextResponse, StreamingResponse
+from starlette.background import BackgroundTask
+
+from api.deps import JobStoreDep, ReadAuth, SettingsDep, StoreDep, WriteAuth
+from api.schemas import ErrorPublic, JobPublic, JobsPublic, JobStatus
+from api.views import job_public
+from services.artifacts import DESCRIPTOR
+from services.errors import NotFound
+from services.jobs.models import FINAL_JOB_STATES, JobEvent
+from services.jobs.store import JobStore
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+_404 = {404: {"model": ErrorPublic, "description": "NOT_FOUND"}}
+#: Seconds between polls of the events table by an open SSE stream, and between keep-alives.
+SSE_POLL = 0.25
+SSE_KEEPALIVE = 15.0
+
+
+@router.get("", response_model=JobsPublic, summary="List jobs")
+def list_jobs(
+    _: ReadAuth,
+    jobs: JobStoreDep,
+    store: StoreDep,
+    status: JobStatus | None = None,
+    name: str | None = Query(None, description="Only jobs publishing this model name."),
+    limit: int = Query(50, ge=1, le=500),
+    offset: int = Query(0, ge=0),
+) -> JobsPublic:
+    """Return one page of jobs, newest first."""
+    rows, count = jobs.list_jobs(status=status, name=name, limit=limit, offset=offset)
+    return JobsPublic(data=[job_public(j, store) for j in rows], count=count)
+
+
+@router.get("/{job_id}", response_model=JobPublic, responses=_404, summary="Read a job")
+def get_job(job_id: str, _: ReadAuth, jobs: JobStoreDep, store: StoreDep) -> JobPublic:
+    """Return the job: status, plan, steps with timings and errors, per-target parity, benchmark and artifacts."""
+    return job_public(jobs.get_job(job_id), store)
+
+
+@router.delete("/{job_id}", response_model=JobPublic, responses=_404, status_code=202, summary="Cancel a job")
+def cancel_job(job_id: str, _: WriteAuth, jobs: JobStoreDep, store: StoreDep) -> JobPublic:
+    """Cancel: queued steps never run, a running step is stopped by its worker. A finished job is left as is."""
+    jobs.cancel_job(job_id)
+    return job_public(jobs.get_job(job_id), store)
+
+
+def _sse(event: JobEvent) -> str:
+    body = {"type": event.type, "step": event.step, "at": event.at.isoformat(), **(event.data or {})}
+    return f"id: {event.id}\nevent: {event.type}\ndata: {json.dumps(body, default=str)}\n\n"
+
+
+async def _event_stream(request: Request, jobs: JobStore, job_id: str, after: int) -> Any:
+    last = after
+    idle = 0.0
+    yield "retry: 2000\n\n"
+    while True:
+        events = await run_in_threadpool(jobs.events, job_id, last)
+        for ev in events:
+            last = ev.id
+            yield _sse(ev)
+            if ev.type == "finished":
+                return
+        if events:
+            idle = 0.0
+            continue
+        # No news: stop if the job ended before this stream's first event (its "finished" was
+        # already seen by the client), else wait and keep the connection warm.
+        if await run_in_threadpool(jobs.job_status, job_id) in FINAL_JOB_STATES:
+            tail = await run_in_threadpool(jobs.events, job_id, last)
+            for ev in tail:
+                yield _sse(ev)
+            if not tail:
+                return
+            continue
+        if await request.is_disconnected():
+            return
+        await asyncio.sleep(SSE_POLL)
+        idle += SSE_POLL
+        if idle >= SSE_KEEPALIVE:
+            idle = 0.0
+            yield ": keep-alive\n\n"
+
+
+@router.get(
+    "/{job_id}/events",
+    responses={200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"}, **_404},
+    summary="Follow a job's progress (Server-Sent Events)",
+)
+def job_events(
+    job_id: str,
+    request: Request,
+    _: ReadAuth,
+    jobs: JobStoreDep,
+    last_event_id: Annotated[int | None, Header()] = None,
+) -> StreamingResponse:
+    """Stream the job's events (planned, step_started, progress, step_finished, ...) until `finished`.
+
+    Reconnecting with `Last-Event-ID` resumes after that event.
+    """
+    jobs.job_status(job_id)  # 404 before the stream starts
+    return StreamingResponse(
+        _event_stream(request, jobs, job_id, last_event_id or 0),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+@router.get(
+    "/{job_id}/logs",
+    response_class=PlainTextResponse,
+    responses={200: {"content": {"text/plain": {}}}, **_404},
+    summary="A job's log",
+)
+def job_logs(job_id: str, _: ReadAuth, jobs: JobStoreDep) -> PlainTextResponse:
+    """Return the job's events as lines, then each step's captured tool output."""
+    job = jobs.get_job(job_id)
+    lines = [f"job {job.id} ({job.name}): {job.status}"]
+    after = 0
+    while True:
+        batch = jobs.events(job_id, after, limit=1000)
+        for ev in batch:
+            data = dict(ev.data or {})
+            data.pop("plan", None)  # the plan is in GET /jobs/{id}; keep the log readable
+            detail = data.pop("message", None) or (json.dumps(data, default=str) if data else "")
+            lines.append(f"{ev.at.isoformat()} {ev.type:<14} {ev.step or '-':<32} {detail}")
+        if len(batch) < 1000:
+            break
+        after = batch[-1].id
+    for step in job.steps:
+        if step.log:
+            lines.append(f"\n--- output of {step.step_id} (attempt {step.attempt}, {step.worker}) ---")
+            lines.append(step.log.rstrip())
+    return PlainTextResponse("\n".join(lines) + "\n")
+
+
+def _tar_artifact(store: Any, key: str, scratch: Path, arcname: str) -> Path:
+    """Write the artifact under ``key`` as a tar in ``scratch``; return the tar's path."""
+    local = store.local_path(key)
+    if local is None:
+        local = store.fetch_dir(key, scratch / "artifact")
+    tar_path = scratch / f"{arcname}.tar"
+    with tarfile.open(tar_path, "w") as tf:
+        for p in sorted(Path(local).rglob("*")):
+            if p.is_file() and p.name not in (DESCRIPTOR, ".kiln-complete"):
+                tf.add(p, arcname=f"{arcname}/{p.relative_to(local).as_posix()}")
+    return tar_path
+
+
+@router.get(
+    "/{job_id}/artifacts/{target}",
+    response_class=FileResponse,
+    responses={200: {"content": {"application/x-tar": {}}, "description": "The exported artifact as a tar"}, **_404},
+    summary="Download a target's artifact",
+)
+def download_artifact(
+    job_id: str, target: str, _: ReadAuth, jobs: JobStoreDep, store: StoreDep, settings: SettingsDep
+) -> FileResponse:
+    """Return the exported artifact of ``target`` (the files that were published) as a tar."""
+    job = jobs.get_job(job_id)
+    targets = list(job.plan.get("routes", {}))
+    if target not in targets:
+        raise NotFound(f"job {job_id} has no target {target!r}", hint=f"Its targets: {', '.join(targets)}.")
+    step = next((s for s in job.steps if s.step_id == f"export:{target}"), None)
+    if step is None or step.status != "succeeded" or not step.artifact_key:
+        raise NotFound(
+            f"target {target} of job {job_id} has no artifact (export step is {step.status if step else 'missing'})",
+            hint="Wait for the job to finish; GET /jobs/{id} shows each step.",
+        )
+    root = settings.cache_dir / "api" / "downloads"
+    root.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="dl-", dir=root))
+    arcname = f"{job.name}-{target}"
+    tar_path = _tar_artifact(store, step.artifact_key, scratch, arcname)
+    return FileResponse(
+        tar_path,
+        media_type="application/x-tar",
+        filename=f"{arcname}.tar",
+        background=BackgroundTask(shutil.rmtree, scratch, ignore_errors=True),
+    )

@@ -1,0 +1,45 @@
+"""POST /plan: the dry run — the route per target and the queues a spec would take."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from api.deps import JobStoreDep, ReadAuth, RegistryDep
+from api.schemas import ErrorPublic, PlanPublic, PlanRequest, PlanStepPublic
+from services.graph.planner import plan_routes
+
+router = APIRouter(tags=["planning"])
+
+
+@router.post(
+    "/plan",
+    response_model=PlanPublic,
+    responses={422: {"model": ErrorPublic, "description": "INVALID_SPEC or NO_ROUTE (with what is reachable)"}},
+    summary="Plan a spec without running it",
+)
+def plan(body: PlanRequest, request: Request, _: ReadAuth, jobs: JobStoreDep, registry: RegistryDep) -> PlanPublic:
+    """Return the plan a job with this spec and source format would run; NO_ROUTE explains what is reachable."""
+    source = body.spec.source_format or body.source_format
+    p = plan_routes(source, body.spec, registry, default_name=body.spec.name or "model")
+    live = {e for w in jobs.live_workers(request.app.state.worker_max_age) for e in w.engines}
+    engines = sorted({s.engine for s in p.steps})
+    return PlanPublic(
+        source_format=p.source_format.value,
+        routes=p.routes,
+        shared_steps=p.shared,
+        steps=[
+            PlanStepPublic(
+                id=s.id,
+                kind=s.kind,
+                engine=s.engine,
+                queue=s.queue,
+                inputs=s.inputs,
+                after=s.after,
+                target=s.target,
+                tool=s.tool,
+            )
+            for s in p.steps
+        ],
+        queues=sorted({s.queue for s in p.steps}),
+        engines_without_workers=[e for e in engines if e not in live],
+    )

@@ -1,0 +1,125 @@
+"""The service itself: live engines and workers, the model repository, health probes, metrics."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from api.deps import JobStoreDep, ReadAuth, RepositoryDep
+from api.schemas import (
+    EnginePublic,
+    EnginesPublic,
+    HealthPublic,
+    ModelPublic,
+    ReadyPublic,
+    RepositoryPublic,
+    VersionPublic,
+    WorkerPublic,
+)
+from services.graph.engines import ENGINES, queue_name
+from services.repository.publish import MANIFEST, MODEL_META
+
+router = APIRouter(tags=["service"])
+
+
+@router.get("/engines", response_model=EnginesPublic, summary="Live workers and the engines they serve")
+def engines(request: Request, _: ReadAuth, jobs: JobStoreDep) -> EnginesPublic:
+    """Return every engine with its queue and number of live workers, and the workers themselves."""
+    live = jobs.live_workers(request.app.state.worker_max_age)
+    out = []
+    for name in ENGINES:
+        serving = [w for w in live if name in w.engines]
+        versions = next((w.versions.get(name, {}) for w in serving), {})
+        out.append(EnginePublic(name=name, queue=queue_name(name), workers=len(serving), versions=versions))
+    workers = [
+        WorkerPublic(
+            hostname=w.hostname,
+            engines=list(w.engines),
+            concurrency=w.concurrency,
+            pid=w.pid,
+            started_at=w.started_at,
+            heartbeat_at=w.heartbeat_at,
+        )
+        for w in live
+    ]
+    return EnginesPublic(engines=out, workers=workers)
+
+
+@router.get("/repository", response_model=RepositoryPublic, summary="Published models and versions")
+def repository(_: ReadAuth, repo: RepositoryDep) -> RepositoryPublic:
+    """Return every model in the repository with its versions and their provenance headlines."""
+    models = []
+    for name in repo.model_names():
+        raw_meta = repo.read_file(f"{name}/{MODEL_META}")
+        meta: dict[str, Any] = json.loads(raw_meta) if raw_meta else {}
+        versions = []
+        for v in repo.versions(name):
+            raw = repo.read_file(f"{name}/{v}/{MANIFEST}")
+            manifest: dict[str, Any] = json.loads(raw) if raw else {}
+            versions.append(
+                VersionPublic(
+                    version=v,
+                    uri=repo.uri(f"{name}/{v}"),
+                    published_at=manifest.get("published_at"),
+                    precision=manifest.get("precision"),
+                    source_sha256=(manifest.get("source") or {}).get("sha256"),
+                    job_id=manifest.get("job_id"),
+                )
+            )
+        models.append(ModelPublic(name=name, target=meta.get("target"), format=meta.get("format"), versions=versions))
+    return RepositoryPublic(uri=repo.uri(), models=models)
+
+
+@router.get("/healthz", response_model=HealthPublic, summary="Liveness: the process answers")
+async def healthz() -> HealthPublic:
+    return HealthPublic()
+
+
+def _check(fn: Any) -> str:
+    try:
+        fn()
+        return "ok"
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"[:300]
+
+
+def _broker_ok(celery_app: Any) -> None:
+    with celery_app.connection_for_write() as conn:
+        conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0.2, timeout=2)
+
+
+@router.get(
+    "/readyz",
+    response_model=ReadyPublic,
+    responses={503: {"model": ReadyPublic, "description": "A backing service is down; `checks` says which."}},
+    summary="Readiness: broker, database and storage answer",
+)
+async def readyz(request: Request) -> JSONResponse:
+    state = request.app.state
+
+    def run() -> dict[str, str]:
+        return {
+            "broker": _check(lambda: _broker_ok(state.celery)),
+            "database": _check(state.jobs.ping),
+            "storage": _check(lambda: state.store.exists("readyz-probe")),
+        }
+
+    checks = await run_in_threadpool(run)
+    ok = all(v == "ok" for v in checks.values())
+    body = ReadyPublic(status="ready" if ok else "unavailable", checks=checks)
+    return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
+
+
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}},
+    summary="Prometheus metrics",
+)
+def metrics(request: Request, _: ReadAuth) -> Response:
+    return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

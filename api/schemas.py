@@ -1,0 +1,208 @@
+"""Public request and response schemas of the API, named for their role."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from services.formats import Format
+from services.spec import CompileSpec
+
+__all__ = [
+    "EnginePublic",
+    "EnginesPublic",
+    "ErrorPublic",
+    "HealthPublic",
+    "JobAccepted",
+    "JobPublic",
+    "JobStatus",
+    "JobsPublic",
+    "ModelPublic",
+    "PlanPublic",
+    "PlanRequest",
+    "PlanStepPublic",
+    "ReadyPublic",
+    "RepositoryPublic",
+    "SourcePublic",
+    "StepPublic",
+    "TargetPublic",
+    "VersionPublic",
+    "WorkerPublic",
+]
+
+JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+StepStatus = Literal["pending", "queued", "running", "succeeded", "failed", "skipped", "cancelled"]
+
+
+class ErrorPublic(BaseModel):
+    """Every 4xx/5xx body: a stable code, what happened, what to do."""
+
+    code: str = Field(description="Stable error code, e.g. INVALID_SPEC, UNSAFE_INPUT, NOT_FOUND.")
+    message: str
+    hint: str
+    details: dict[str, Any] | None = None
+
+
+class JobAccepted(BaseModel):
+    """Answer to POST /compile (202): where to follow the job."""
+
+    id: str
+    status: JobStatus = "queued"
+    url: str = Field(description="The job's resource, also in the Location header.")
+    events_url: str
+
+
+class SourcePublic(BaseModel):
+    filename: str
+    sha256: str
+    format: str
+    detected_as: str
+    size: int
+
+
+class StepPublic(BaseModel):
+    """One plan step of a job and how it ran."""
+
+    id: str
+    kind: str
+    engine: str
+    queue: str
+    target: str | None
+    status: StepStatus
+    attempt: int = Field(description="How many times a worker claimed the step (more than 1 after a worker loss).")
+    worker: str | None
+    cached: bool = Field(description="The output came from the content-addressed cache; nothing was converted.")
+    queued_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    seconds: float | None
+    error: ErrorPublic | None
+    artifact_uri: str | None = Field(description="Where the step's output artifact lives in the artifact store.")
+    report: dict[str, Any] | None = Field(description="What the step reported: passes, parity, benchmark, publication.")
+
+
+class TargetPublic(BaseModel):
+    """One target's outcome: route, status, parity, benchmark, artifact."""
+
+    target: str
+    route: str
+    status: Literal["pending", "running", "succeeded", "failed", "cancelled"]
+    steps: list[str] = Field(description="Ids of the steps this target needs, in order (shared ones included).")
+    error: ErrorPublic | None = None
+    parity: dict[str, Any] | None = None
+    benchmark: list[dict[str, Any]] = Field(default_factory=list)
+    published: dict[str, Any] | None = Field(default=None, description="Repository name, version and URI.")
+    artifact_uri: str | None = None
+    download_url: str | None = Field(default=None, description="GET this for a tar of the exported artifact.")
+
+
+class JobPublic(BaseModel):
+    """A job: its spec, plan, per-step runs and per-target results."""
+
+    id: str
+    status: JobStatus
+    name: str
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    server_seconds: float | None = Field(description="finished_at - created_at: the job's time inside the service.")
+    cached: bool | None = Field(description="Every step came from the cache (an identical resubmission).")
+    source: SourcePublic
+    spec: dict[str, Any]
+    plan: dict[str, Any]
+    targets: dict[str, TargetPublic]
+    steps: list[StepPublic]
+    error: ErrorPublic | None = None
+
+
+class JobsPublic(BaseModel):
+    """One page of jobs, newest first, and how many match."""
+
+    data: list[JobPublic]
+    count: int
+
+
+class PlanRequest(BaseModel):
+    """A dry run: what a spec would do with a model of ``source_format``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source_format: Format = Field(description="The format the model would be detected as.")
+    spec: CompileSpec
+
+
+class PlanStepPublic(BaseModel):
+    id: str
+    kind: str
+    engine: str
+    queue: str
+    inputs: dict[str, str]
+    after: list[str] = Field(default_factory=list)
+    target: str | None
+    tool: str
+
+
+class PlanPublic(BaseModel):
+    """The route per target and the queues its steps would take."""
+
+    source_format: str
+    routes: dict[str, str]
+    shared_steps: list[str]
+    steps: list[PlanStepPublic]
+    queues: list[str]
+    engines_without_workers: list[str] = Field(
+        description="Engines this plan needs that no live worker serves right now (the job would wait)."
+    )
+
+
+class WorkerPublic(BaseModel):
+    hostname: str
+    engines: list[str]
+    concurrency: int
+    pid: int
+    started_at: datetime
+    heartbeat_at: datetime
+
+
+class EnginePublic(BaseModel):
+    name: str
+    queue: str
+    workers: int = Field(description="Live workers serving this engine's queue.")
+    versions: dict[str, str] = Field(description="Tool versions reported by a live worker.")
+
+
+class EnginesPublic(BaseModel):
+    engines: list[EnginePublic]
+    workers: list[WorkerPublic]
+
+
+class VersionPublic(BaseModel):
+    version: int
+    uri: str
+    published_at: str | None = None
+    precision: str | None = None
+    source_sha256: str | None = None
+    job_id: str | None = None
+
+
+class ModelPublic(BaseModel):
+    name: str
+    target: str | None
+    format: str | None
+    versions: list[VersionPublic]
+
+
+class RepositoryPublic(BaseModel):
+    uri: str
+    models: list[ModelPublic]
+
+
+class HealthPublic(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class ReadyPublic(BaseModel):
+    status: Literal["ready", "unavailable"]
+    checks: dict[str, str] = Field(description="broker, database, storage: 'ok' or what failed.")

@@ -1,0 +1,104 @@
+"""Accept an uploaded model: validate, detect, plan, store the source, record the job, enqueue.
+
+Runs in a worker thread (it hashes, extracts and copies files). Everything a user can get
+wrong is checked before the job is recorded, so a refused upload leaves nothing behind and
+an accepted one is durable before the 202 goes out.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from api.upload import Upload
+from services.errors import InvalidSpec, KilnError, ServiceUnavailable, SourceUnreadable
+from services.formats import open_source
+from services.graph.planner import plan_routes
+from services.graph.registry import Registry
+from services.jobs.store import JobStore, NewJob
+from services.pipeline.local import default_model_name
+from services.spec import load_spec
+from services.storage.base import ArtifactStore
+from workers.queues import enqueue_steps
+
+__all__ = ["accept_job", "start_job"]
+
+log = logging.getLogger("kiln.api")
+
+
+def accept_job(
+    upload: Upload,
+    *,
+    jobs: JobStore,
+    store: ArtifactStore,
+    registry: Registry,
+    use_cache: bool,
+    owner: str | None,
+    scratch_root: Path,
+) -> str:
+    """Validate and record the job of ``upload``; return its id (not yet enqueued)."""
+    spec_text = upload.fields.get("spec")
+    if spec_text is None:
+        raise InvalidSpec(
+            "the request has no `spec` part",
+            hint='Send the CompileSpec as a form field: -F \'spec={"targets":["onnxruntime"]}\'.',
+            errors=[{"field": "spec", "problem": "missing"}],
+        )
+    spec = load_spec(spec_text)
+    model = upload.files.get("model")
+    if model is None:
+        raise SourceUnreadable("the request has no `model` file part", hint="Send the model with -F model=@path.")
+    calibration = upload.files.get("calibration")
+    if spec.calibration and calibration is None:
+        raise InvalidSpec(
+            "spec.calibration names a file, but the server reads no paths: upload it as the `calibration` part",
+            hint="curl ... -F calibration=@calibration.npz",
+            errors=[{"field": "calibration", "problem": "upload the file as the `calibration` part"}],
+        )
+    if calibration is not None:
+        spec = spec.model_copy(update={"calibration": calibration.filename})
+    scratch_root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="detect-", dir=scratch_root) as tmp:
+        # Detection and archive vetting (UNSAFE_INPUT) happen here, before anything is stored.
+        source = open_source(model.path, Path(tmp), spec.source_format)
+        plan = plan_routes(source.format, spec, registry, default_name=default_model_name(model.path))
+    source_key = f"sources/{model.sha256}"
+    store.put_dir(source_key, model.path.parent)
+    calibration_key = None
+    if calibration is not None:
+        calibration_key = f"sources/{calibration.sha256}"
+        store.put_dir(calibration_key, calibration.path.parent)
+    return jobs.create_job(
+        NewJob(
+            name=spec.name or default_model_name(model.path),
+            spec=spec.model_dump(mode="json"),
+            plan=plan,
+            source_key=source_key,
+            source_sha256=model.sha256,
+            source_filename=model.filename,
+            source_format=source.format.value,
+            source_seen=source.seen,
+            source_size=model.size,
+            calibration_key=calibration_key,
+            calibration_sha256=calibration.sha256 if calibration else None,
+            calibration_filename=calibration.filename if calibration else None,
+            use_cache=use_cache,
+            owner=owner,
+        )
+    )
+
+
+def start_job(jobs: JobStore, celery_app: Any, job_id: str) -> None:
+    """Queue the job's first steps; a broker outage fails the job and answers 503."""
+    advance = jobs.advance(job_id)
+    try:
+        enqueue_steps(celery_app, job_id, advance.queued)
+    except KilnError:
+        raise
+    except Exception as exc:
+        err = ServiceUnavailable(f"the broker did not take job {job_id}: {type(exc).__name__}: {exc}", job_id=job_id)
+        log.error("%s", err)
+        jobs.fail_job(job_id, err)
+        raise err from exc

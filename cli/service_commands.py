@@ -1,0 +1,222 @@
+"""`kiln api | worker | migrate | serve | token`: the service's processes and their admin.
+
+Heavy imports (FastAPI, Celery, SQLAlchemy) happen inside the commands, so `kiln compile`
+stays quick to start.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from cli.main import EXIT_INPUT, console, handle_errors, main, out
+
+__all__ = ["api_cmd", "migrate_cmd", "serve_cmd", "token_group", "worker_cmd"]
+
+
+def _settings(**overrides: Any) -> Any:
+    from services.settings import Settings, get_settings
+
+    base = get_settings()
+    return Settings.model_validate({**base.model_dump(), **overrides}) if overrides else base
+
+
+@main.command("api")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--workers", default=1, show_default=True, type=int, help="uvicorn worker processes.")
+@click.option("--access-log/--no-access-log", default=True, show_default=True)
+@handle_errors
+def api_cmd(host: str, port: int, workers: int, access_log: bool) -> None:
+    """Run the HTTP API against KILN_DATABASE_URL, KILN_BROKER_URL, KILN_REPOSITORY, KILN_ARTIFACT_STORE."""
+    import uvicorn
+
+    if workers > 1:
+        # Each process builds its own app from the environment.
+        uvicorn.run("api.app:create_app", factory=True, host=host, port=port, workers=workers, access_log=access_log)
+        return
+    from api.app import create_app
+
+    uvicorn.run(create_app(_settings()), host=host, port=port, access_log=access_log)
+
+
+@main.command("worker")
+@click.option(
+    "--engine", "engines", multiple=True, help="Engine whose queue to serve (repeatable; default: all installed)."
+)
+@click.option("--concurrency", default=1, show_default=True, type=int, help="Steps run at once.")
+@click.option("--loglevel", default="INFO", show_default=True)
+@handle_errors
+def worker_cmd(engines: tuple[str, ...], concurrency: int, loglevel: str) -> None:
+    """Run a Celery worker on the queues kiln.<engine>; refuses engines whose SDK is missing (exit 2)."""
+    from services.errors import EngineUnavailable
+    from workers.probe import resolve_engines
+
+    try:
+        resolve_engines(list(engines))
+    except EngineUnavailable as err:
+        console.print(f"[bold red]error {err.code}[/]: {err.message}")
+        console.print(f"[yellow]hint[/]: {err.hint}")
+        sys.exit(EXIT_INPUT)
+    from workers.main import run_worker
+
+    run_worker(_settings(), engines, concurrency=concurrency, loglevel=loglevel)
+
+
+@main.command("migrate")
+@handle_errors
+def migrate_cmd() -> None:
+    """Apply the job store's database migrations (Alembic upgrade head)."""
+    from services.jobs.db import database_url
+    from services.jobs.migrate import upgrade
+
+    url = database_url(_settings())
+    upgrade(url)
+    shown = url.split("@")[-1] if "@" in url else url
+    out.print(f"job store at {shown} is up to date")
+
+
+def _die_with_parent() -> None:
+    # The embedded worker must not outlive `kiln serve` (Linux: SIGTERM when we exit).
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class _WorkerSupervisor(threading.Thread):
+    """Keeps the embedded worker process running; restarts it if it dies."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        super().__init__(name="kiln-serve-worker", daemon=True)
+        self.argv, self.env = argv, env
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            self.proc = subprocess.Popen(self.argv, env=self.env, start_new_session=True, preexec_fn=_die_with_parent)
+            code = self.proc.wait()
+            if self.stopping.is_set():
+                return
+            console.print(f"[yellow]embedded worker exited with {code}; restarting[/]")
+            time.sleep(1.0)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        self.stopping.set()
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)  # Celery's warm shutdown: it stops its own pool
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@main.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option(
+    "--repo",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("model-repository"),
+    show_default=True,
+    help="Model repository directory.",
+)
+@click.option("--concurrency", default=1, show_default=True, type=int, help="Steps the worker runs at once.")
+@handle_errors
+def serve_cmd(host: str, port: int, repo: Path, concurrency: int) -> None:
+    """Run the API and a worker for every engine installed here: SQLite, local directories, no broker server."""
+    import uvicorn
+
+    from api.app import create_app
+    from services.jobs.db import database_url
+    from services.jobs.migrate import upgrade
+    from workers.probe import resolve_engines
+
+    repo = repo.resolve()
+    repo.mkdir(parents=True, exist_ok=True)
+    settings = _settings(repository=str(repo), database_url="", broker_url="", artifact_store="")
+    upgrade(database_url(settings))
+    engines = resolve_engines([])
+    env = {
+        **os.environ,
+        "KILN_REPOSITORY": str(repo),
+        "KILN_DATABASE_URL": "",
+        "KILN_BROKER_URL": "",
+        "KILN_ARTIFACT_STORE": "",
+        "KILN_CACHE_DIR": str(settings.cache_dir),
+    }
+    # `-c`, not `-m cli.main`: run as __main__, cli/main.py would be a second copy of the group.
+    argv = [sys.executable, "-c", "from cli.main import main; main()", "worker", "--concurrency", str(concurrency)]
+    for e in engines:
+        argv += ["--engine", e]
+    supervisor = _WorkerSupervisor(argv, env)
+    supervisor.start()
+    console.print(f"kiln serve: API on http://{host}:{port}, worker for {', '.join(engines)}, repository {repo}")
+    try:
+        uvicorn.run(create_app(settings), host=host, port=port)
+    finally:
+        supervisor.stop()
+
+
+@main.group("token")
+def token_group() -> None:
+    """Manage API tokens (used when KILN_AUTH_ENABLED=true)."""
+
+
+@token_group.command("create")
+@click.argument("name")
+@click.option(
+    "--scope",
+    "scopes",
+    multiple=True,
+    type=click.Choice(["read", "write", "admin"]),
+    help="Scopes (repeatable; default read and write).",
+)
+@handle_errors
+def token_create(name: str, scopes: tuple[str, ...]) -> None:
+    """Create a token NAME and print it once (only its hash is stored)."""
+    from services.jobs.db import database_url
+    from services.jobs.store import JobStore
+
+    token = JobStore(database_url(_settings())).create_token(name, scopes or ("read", "write"))
+    out.print(token)
+
+
+@token_group.command("revoke")
+@click.argument("name")
+@handle_errors
+def token_revoke(name: str) -> None:
+    """Revoke the token NAME."""
+    from services.errors import NotFound
+    from services.jobs.db import database_url
+    from services.jobs.store import JobStore
+
+    if not JobStore(database_url(_settings())).revoke_token(name):
+        raise NotFound(f"no live token named {name!r}", hint="List them with `kiln token list`.")
+    out.print(f"revoked {name}")
+
+
+@token_group.command("list")
+@handle_errors
+def token_list() -> None:
+    """List tokens (names, scopes, state; never the tokens)."""
+    from services.jobs.db import database_url
+    from services.jobs.store import JobStore
+
+    for t in JobStore(database_url(_settings())).list_tokens():
+        state = f"revoked {t.revoked_at:%Y-%m-%d}" if t.revoked_at else "active"
+        out.print(f"{t.name}\t{t.scopes}\t{state}")

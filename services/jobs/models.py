@@ -1,0 +1,175 @@
+"""SQLAlchemy models of the job store (the Alembic migrations create exactly these tables)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+__all__ = [
+    "FINAL_JOB_STATES",
+    "OPEN_STEP_STATES",
+    "ApiToken",
+    "Base",
+    "Job",
+    "JobEvent",
+    "JobStep",
+    "UTCDateTime",
+    "WorkerRecord",
+    "utcnow",
+]
+
+#: A job ends in one of these; nothing moves it out again.
+FINAL_JOB_STATES = ("succeeded", "failed", "cancelled")
+#: Steps in these states may still run; a job is finished when none of its steps is in one.
+OPEN_STEP_STATES = ("pending", "queued", "running")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite stores them naive)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        value = value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+# An autoincrementing 64-bit key that SQLite also accepts (it only autoincrements INTEGER).
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class Base(DeclarativeBase):
+    type_annotation_map: ClassVar[dict[Any, Any]] = {dict[str, Any]: JSON, list[Any]: JSON, datetime: UTCDateTime}
+
+
+class Job(Base):
+    """One POST /compile: what was uploaded, the spec, the plan, and how it ended."""
+
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    status: Mapped[str] = mapped_column(String(16), index=True)  # queued|running|succeeded|failed|cancelled
+    name: Mapped[str] = mapped_column(String(128), index=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    plan: Mapped[dict[str, Any]] = mapped_column(JSON)
+    source_key: Mapped[str] = mapped_column(String(255))
+    source_sha256: Mapped[str] = mapped_column(String(64), index=True)
+    source_filename: Mapped[str] = mapped_column(String(255))
+    source_format: Mapped[str] = mapped_column(String(32))
+    source_seen: Mapped[str] = mapped_column(Text, default="")
+    source_size: Mapped[int] = mapped_column(BigInteger, default=0)
+    calibration_key: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    calibration_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    calibration_filename: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    use_cache: Mapped[bool] = mapped_column(Boolean, default=True)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # per-target results
+    cached: Mapped[bool | None] = mapped_column(Boolean, nullable=True)  # every step came from the cache
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+    steps: Mapped[list[JobStep]] = relationship(
+        back_populates="job", order_by="JobStep.position", cascade="all, delete-orphan"
+    )
+
+
+class JobStep(Base):
+    """One plan step of a job and its run: the unit a worker claims."""
+
+    __tablename__ = "job_steps"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    step_id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(16))
+    engine: Mapped[str] = mapped_column(String(32))
+    queue: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    # pending|queued|running|succeeded|failed|skipped|cancelled
+    status: Mapped[str] = mapped_column(String(16), default="pending", index=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    worker: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    queued_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True, index=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
+    cached: Mapped[bool] = mapped_column(Boolean, default=False)
+    input_keys: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    artifact_key: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    meta: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    log: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+    job: Mapped[Job] = relationship(back_populates="steps")
+
+
+class JobEvent(Base):
+    """A progress event of a job, in order; the SSE stream and the logs read these."""
+
+    __tablename__ = "job_events"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    type: Mapped[str] = mapped_column(String(32))
+    step: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class ApiToken(Base):
+    """A bearer token, stored only as its SHA-256 (tokens are random, so no slow hash is needed)."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    scopes: Mapped[str] = mapped_column(String(128))  # space-separated: read write admin
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class WorkerRecord(Base):
+    """A worker process and the engines it serves; live while its heartbeat is fresh."""
+
+    __tablename__ = "workers"
+
+    hostname: Mapped[str] = mapped_column(String(255), primary_key=True)
+    engines: Mapped[list[Any]] = mapped_column(JSON)
+    versions: Mapped[dict[str, Any]] = mapped_column(JSON)
+    pid: Mapped[int] = mapped_column(Integer)
+    concurrency: Mapped[int] = mapped_column(Integer, default=1)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)

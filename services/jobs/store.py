@@ -1,0 +1,616 @@
+"""Job store operations: every state change of a job or step is one guarded transaction.
+
+The rules that keep a redelivered or duplicated message harmless:
+
+- a step runs only after ``claim_step`` moved it ``queued → running`` (or took over a
+  running step whose heartbeat went stale); a second delivery finds it claimed and drops out;
+- a result is recorded only by the attempt that claimed the step (``attempt`` matches);
+- ``advance`` moves dependents ``pending → queued`` once, under a lock on the job row, and
+  returns only the steps it moved, so only one caller enqueues each;
+- the job's final status is written once, by whichever ``advance`` sees no open step left.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.orm import Session, selectinload, sessionmaker
+
+from services.errors import Cancelled, KilnError, NotFound
+from services.graph.planner import Plan
+from services.jobs.db import IMMEDIATE, get_engine
+from services.jobs.models import (
+    FINAL_JOB_STATES,
+    OPEN_STEP_STATES,
+    ApiToken,
+    Job,
+    JobEvent,
+    JobStep,
+    WorkerRecord,
+    utcnow,
+)
+from services.pipeline.results import blocked_by, target_results
+
+__all__ = ["Advance", "ClaimedStep", "JobStore", "NewJob", "hash_token"]
+
+#: Scopes a token may carry; "write" implies "read", "admin" implies both.
+SCOPES = ("read", "write", "admin")
+
+
+def hash_token(token: str) -> str:
+    """Return the stored form of a bearer token."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+@dataclass
+class NewJob:
+    """What the API records for an accepted upload."""
+
+    name: str
+    spec: dict[str, Any]
+    plan: Plan
+    source_key: str
+    source_sha256: str
+    source_filename: str
+    source_format: str
+    source_seen: str = ""
+    source_size: int = 0
+    calibration_key: str | None = None
+    calibration_sha256: str | None = None
+    calibration_filename: str | None = None
+    use_cache: bool = True
+    owner: str | None = None
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+@dataclass
+class ClaimedStep:
+    """A step this worker now owns: everything the task needs to run it."""
+
+    job_id: str
+    step_id: str
+    attempt: int
+    step: dict[str, Any]  # the PlanStep as stored in the plan
+    spec: dict[str, Any]
+    input_keys: dict[str, str]  # role -> artifact key of the step feeding it
+    source_key: str
+    source_sha256: str
+    source_filename: str
+    calibration_key: str | None
+    calibration_sha256: str | None
+    calibration_filename: str | None
+    use_cache: bool
+    plan: dict[str, Any]
+
+
+@dataclass
+class Advance:
+    """What ``advance`` changed: steps to enqueue, and the final status if the job ended."""
+
+    queued: list[tuple[str, str]]  # (step_id, engine)
+    final_status: str | None = None
+
+
+class JobStore:
+    """The job store on one database; safe to share between threads of a process."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine = get_engine(url)
+        self._reader = sessionmaker(self.engine, expire_on_commit=False)
+        self._writer = sessionmaker(self.engine.execution_options(**{IMMEDIATE: True}), expire_on_commit=False)
+        self._pg = self.engine.dialect.name == "postgresql"
+
+    # --- sessions -------------------------------------------------------------------------
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        """Yield a read-only session."""
+        with self._reader() as session, session.begin():
+            yield session
+
+    @contextmanager
+    def write(self) -> Iterator[Session]:
+        """Yield a session whose transaction commits on exit (SQLite: takes the write lock first)."""
+        with self._writer() as session, session.begin():
+            yield session
+
+    def ping(self) -> None:
+        """Run a trivial query; raises when the database does not answer."""
+        with self.read() as s:
+            s.execute(select(1))
+
+    @staticmethod
+    def add_event(s: Session, job_id: str, type_: str, step: str | None = None, **data: Any) -> None:
+        s.add(JobEvent(job_id=job_id, type=type_, step=step, data=data, at=utcnow()))
+
+    def _lock_job(self, s: Session, job_id: str) -> Job:
+        q = select(Job).where(Job.id == job_id)
+        if self._pg:
+            q = q.with_for_update()
+        job = s.scalars(q).one_or_none()
+        if job is None:
+            raise NotFound(f"no job {job_id}", hint="List jobs with GET /jobs.")
+        return job
+
+    # --- jobs -----------------------------------------------------------------------------
+
+    def create_job(self, new: NewJob) -> str:
+        """Record an accepted job with all its steps pending; return its id."""
+        now = utcnow()
+        with self.write() as s:
+            job = Job(
+                id=new.id,
+                status="queued",
+                name=new.name,
+                spec=new.spec,
+                plan=new.plan.to_dict(),
+                source_key=new.source_key,
+                source_sha256=new.source_sha256,
+                source_filename=new.source_filename,
+                source_format=new.source_format,
+                source_seen=new.source_seen,
+                source_size=new.source_size,
+                calibration_key=new.calibration_key,
+                calibration_sha256=new.calibration_sha256,
+                calibration_filename=new.calibration_filename,
+                use_cache=new.use_cache,
+                owner=new.owner,
+                created_at=now,
+            )
+            s.add(job)
+            for i, step in enumerate(new.plan.steps):
+                s.add(
+                    JobStep(
+                        job_id=new.id,
+                        step_id=step.id,
+                        position=i,
+                        kind=step.kind,
+                        engine=step.engine,
+                        queue=step.queue,
+                        target=step.target,
+                        status="pending",
+                        attempt=0,
+                        cached=False,
+                    )
+                )
+            s.flush()
+            self.add_event(s, new.id, "submitted", filename=new.source_filename, sha256=new.source_sha256)
+            self.add_event(s, new.id, "planned", plan=new.plan.to_dict(), source=new.source_seen)
+        return new.id
+
+    def get_job(self, job_id: str) -> Job:
+        """Return the job with its steps loaded (detached); NOT_FOUND when unknown."""
+        with self.read() as s:
+            job = s.scalars(select(Job).where(Job.id == job_id).options(selectinload(Job.steps))).one_or_none()
+            if job is None:
+                raise NotFound(f"no job {job_id}", hint="List jobs with GET /jobs.")
+            return job
+
+    def list_jobs(
+        self, *, status: str | None = None, name: str | None = None, limit: int = 50, offset: int = 0
+    ) -> tuple[list[Job], int]:
+        """Return one page of jobs, newest first, and how many match in all."""
+        where = []
+        if status:
+            where.append(Job.status == status)
+        if name:
+            where.append(Job.name == name)
+        with self.read() as s:
+            count = s.scalar(select(func.count()).select_from(Job).where(*where)) or 0
+            jobs = s.scalars(
+                select(Job)
+                .where(*where)
+                .order_by(Job.created_at.desc(), Job.id)
+                .limit(limit)
+                .offset(offset)
+                .options(selectinload(Job.steps))
+            ).all()
+            return list(jobs), count
+
+    def fail_job(self, job_id: str, error: KilnError) -> None:
+        """End a job that cannot proceed (e.g. its first steps could not be enqueued)."""
+        now = utcnow()
+        with self.write() as s:
+            job = self._lock_job(s, job_id)
+            if job.status in FINAL_JOB_STATES:
+                return
+            job.status, job.error, job.finished_at = "failed", error.to_dict(), now
+            s.execute(
+                update(JobStep)
+                .where(JobStep.job_id == job_id, JobStep.status.in_(("pending", "queued")))
+                .values(status="skipped", error=error.to_dict(), finished_at=now)
+            )
+            self.add_event(s, job_id, "failed", error=error.to_dict())
+            self.add_event(s, job_id, "finished", status="failed", ok=False)
+
+    def cancel_job(self, job_id: str) -> bool:
+        """Cancel a job: open steps never run, running ones are stopped by their worker.
+
+        Returns False when the job had already ended (nothing changes then).
+        """
+        now = utcnow()
+        err = Cancelled(f"job {job_id} was cancelled").to_dict()
+        with self.write() as s:
+            job = self._lock_job(s, job_id)
+            if job.status in FINAL_JOB_STATES:
+                return False
+            job.status, job.cancel_requested, job.finished_at = "cancelled", True, now
+            job.error = err
+            s.execute(
+                update(JobStep)
+                .where(JobStep.job_id == job_id, JobStep.status.in_(("pending", "queued")))
+                .values(status="cancelled", error=err, finished_at=now)
+            )
+            self.add_event(s, job_id, "cancelled")
+            self.add_event(s, job_id, "finished", status="cancelled", ok=False)
+            return True
+
+    def events(self, job_id: str, after: int = 0, limit: int = 500) -> list[JobEvent]:
+        """Return the job's events with id > ``after``, oldest first."""
+        with self.read() as s:
+            return list(
+                s.scalars(
+                    select(JobEvent)
+                    .where(JobEvent.job_id == job_id, JobEvent.id > after)
+                    .order_by(JobEvent.id)
+                    .limit(limit)
+                ).all()
+            )
+
+    def job_status(self, job_id: str) -> str:
+        """Return only the job's status (cheap; the SSE loop polls it)."""
+        with self.read() as s:
+            status = s.scalar(select(Job.status).where(Job.id == job_id))
+            if status is None:
+                raise NotFound(f"no job {job_id}", hint="List jobs with GET /jobs.")
+            return status
+
+    # --- steps ----------------------------------------------------------------------------
+
+    def claim_step(self, job_id: str, step_id: str, worker: str, stale_after: float) -> ClaimedStep | None:
+        """Take a step for this worker; None when it is not ours to run (done, cancelled, or running elsewhere)."""
+        now = utcnow()
+        cutoff = now - timedelta(seconds=stale_after)
+        with self.write() as s:
+            job = self._lock_job(s, job_id)
+            if job.cancel_requested or job.status in FINAL_JOB_STATES:
+                return None
+            row = s.get(JobStep, (job_id, step_id))
+            if row is None:
+                return None
+            takeover = row.status == "running" and (row.heartbeat_at is None or row.heartbeat_at < cutoff)
+            if row.status != "queued" and not takeover:
+                return None
+            plan = job.plan
+            step = next(d for d in plan["steps"] if d["id"] == step_id)
+            deps = {role: dep for role, dep in step["inputs"].items() if dep != "source"}
+            keys: dict[str, str] = {}
+            if deps:
+                rows = s.execute(
+                    select(JobStep.step_id, JobStep.artifact_key, JobStep.status).where(
+                        JobStep.job_id == job_id, JobStep.step_id.in_(list(deps.values()))
+                    )
+                ).all()
+                by_id = {r.step_id: r for r in rows}
+                for role, dep in deps.items():
+                    r = by_id.get(dep)
+                    if r is None or r.status != "succeeded" or not r.artifact_key:
+                        return None  # not runnable yet: a redelivery raced ahead of its input
+                    keys[role] = r.artifact_key
+            row.status, row.attempt, row.worker = "running", row.attempt + 1, worker
+            row.started_at, row.heartbeat_at, row.input_keys = now, now, keys
+            row.finished_at = row.seconds = row.error = None
+            if job.status == "queued":
+                job.status, job.started_at = "running", now
+            self.add_event(
+                s, job_id, "step_started", step_id, kind=row.kind, engine=row.engine, worker=worker, attempt=row.attempt
+            )
+            return ClaimedStep(
+                job_id=job_id,
+                step_id=step_id,
+                attempt=row.attempt,
+                step=step,
+                spec=job.spec,
+                input_keys=keys,
+                source_key=job.source_key,
+                source_sha256=job.source_sha256,
+                source_filename=job.source_filename,
+                calibration_key=job.calibration_key,
+                calibration_sha256=job.calibration_sha256,
+                calibration_filename=job.calibration_filename,
+                use_cache=job.use_cache,
+                plan=plan,
+            )
+
+    def heartbeat(self, job_id: str, step_id: str, attempt: int) -> tuple[bool, bool]:
+        """Refresh a running step's heartbeat; return (still ours, job cancelled)."""
+        with self.write() as s:
+            res = s.execute(
+                update(JobStep)
+                .where(
+                    JobStep.job_id == job_id,
+                    JobStep.step_id == step_id,
+                    JobStep.attempt == attempt,
+                    JobStep.status == "running",
+                )
+                .values(heartbeat_at=utcnow())
+            )
+            cancelled = bool(s.scalar(select(Job.cancel_requested).where(Job.id == job_id)))
+            return res.rowcount == 1, cancelled  # type: ignore[attr-defined]
+
+    def progress(self, job_id: str, step_id: str, messages: Sequence[str]) -> None:
+        """Record progress messages of a running step."""
+        if not messages:
+            return
+        with self.write() as s:
+            for m in messages:
+                self.add_event(s, job_id, "progress", step_id, message=m)
+
+    def finish_step(
+        self,
+        job_id: str,
+        step_id: str,
+        attempt: int,
+        *,
+        status: str,
+        seconds: float,
+        artifact_key: str | None = None,
+        cached: bool = False,
+        meta: dict[str, Any] | None = None,
+        error: dict[str, Any] | None = None,
+        log: str | None = None,
+    ) -> Advance | None:
+        """Record how a claimed step ended and advance the job, in one transaction.
+
+        Returns what advanced (steps to enqueue, final status), or None when this attempt no
+        longer owns the step (it was taken over or cancelled): nothing is recorded then.
+        """
+        now = utcnow()
+        with self.write() as s:
+            job = self._lock_job(s, job_id)
+            res = s.execute(
+                update(JobStep)
+                .where(
+                    JobStep.job_id == job_id,
+                    JobStep.step_id == step_id,
+                    JobStep.attempt == attempt,
+                    JobStep.status == "running",
+                )
+                .values(
+                    status=status,
+                    finished_at=now,
+                    heartbeat_at=now,
+                    seconds=seconds,
+                    artifact_key=artifact_key,
+                    cached=cached,
+                    meta=meta,
+                    error=error,
+                    log=log,
+                )
+            )
+            if res.rowcount != 1:  # type: ignore[attr-defined]
+                return None
+            if status == "succeeded":
+                self.add_event(s, job_id, "step_finished", step_id, seconds=round(seconds, 3), cached=cached)
+            elif status == "cancelled":
+                self.add_event(s, job_id, "step_cancelled", step_id)
+            else:
+                self.add_event(s, job_id, "step_failed", step_id, error=error)
+            s.flush()
+            return self._advance(s, job, now)
+
+    def release_step(self, job_id: str, step_id: str, attempt: int, reason: str) -> bool:
+        """Give a claimed step back to its queue (a transient failure; the task will be retried)."""
+        with self.write() as s:
+            res = s.execute(
+                update(JobStep)
+                .where(
+                    JobStep.job_id == job_id,
+                    JobStep.step_id == step_id,
+                    JobStep.attempt == attempt,
+                    JobStep.status == "running",
+                )
+                .values(status="queued", worker=None, queued_at=utcnow())
+            )
+            if res.rowcount == 1:  # type: ignore[attr-defined]
+                self.add_event(s, job_id, "step_requeued", step_id, reason=reason)
+                return True
+            return False
+
+    def advance(self, job_id: str) -> Advance:
+        """Queue steps whose inputs are done, skip those whose inputs failed, and end the job when nothing is open."""
+        with self.write() as s:
+            return self._advance(s, self._lock_job(s, job_id), utcnow())
+
+    def _advance(self, s: Session, job: Job, now: datetime) -> Advance:
+        job_id = job.id
+        if job.status in FINAL_JOB_STATES:
+            return Advance(queued=[])
+        plan = Plan.from_dict(job.plan)
+        rows = {r.step_id: r for r in s.scalars(select(JobStep).where(JobStep.job_id == job_id)).all()}
+        failed: dict[str, dict[str, Any]] = {
+            sid: (r.error or {"code": "INTERNAL", "message": f"step {sid} {r.status}"})
+            for sid, r in rows.items()
+            if r.status in ("failed", "skipped", "cancelled")
+        }
+        queued: list[tuple[str, str]] = []
+        for step in plan.steps:  # plan order is dependency order, so skips cascade in one pass
+            row = rows[step.id]
+            if row.status != "pending":
+                continue
+            blocker = blocked_by(step, failed)
+            if blocker is not None:
+                row.status, row.error, row.finished_at = "skipped", blocker, now
+                failed[step.id] = blocker
+                self.add_event(s, job_id, "step_skipped", step.id, because=blocker.get("code"))
+                continue
+            if all(rows[d].status == "succeeded" for d in step.depends_on):
+                row.status, row.queued_at = "queued", now
+                queued.append((step.id, step.engine))
+                self.add_event(s, job_id, "step_queued", step.id, queue=step.queue)
+        if queued or any(r.status in OPEN_STEP_STATES for r in rows.values()):
+            return Advance(queued=queued)
+        ok_rows = {sid: r for sid, r in rows.items() if r.status == "succeeded"}
+        results = target_results(
+            plan,
+            {sid: (r.meta or {}) for sid, r in ok_rows.items()},
+            {sid: r.artifact_key for sid, r in ok_rows.items()},
+            failed,
+        )
+        all_ok = all(t.status == "succeeded" for t in results.values())
+        job.status = "succeeded" if all_ok else "failed"
+        job.result = {t: r.to_dict() for t, r in results.items()}
+        job.cached = all(r.cached for r in rows.values())
+        job.finished_at = now
+        self.add_event(s, job_id, "finished", status=job.status, ok=all_ok, cached=job.cached)
+        return Advance(queued=[], final_status=job.status)
+
+    def requeue_stale(self, stale_after: float, lost_after: float) -> list[tuple[str, str, str]]:
+        """Give back steps whose worker died, and re-announce queued steps whose message may be lost.
+
+        A running step whose heartbeat is older than ``stale_after`` goes back to ``queued``;
+        a queued step waiting longer than ``lost_after`` is announced again (a duplicate
+        message is harmless: the claim drops it). Returns (job_id, step_id, engine) to enqueue.
+        """
+        now = utcnow()
+        stale_cut = now - timedelta(seconds=stale_after)
+        lost_cut = now - timedelta(seconds=lost_after)
+        out: list[tuple[str, str, str]] = []
+        with self.write() as s:
+            q = (
+                select(JobStep)
+                .join(Job, Job.id == JobStep.job_id)
+                .where(
+                    Job.status.in_(("queued", "running")),
+                    (
+                        (JobStep.status == "running") & (JobStep.heartbeat_at < stale_cut)
+                        | (JobStep.status == "queued") & (JobStep.queued_at < lost_cut)
+                    ),
+                )
+                .limit(200)
+            )
+            if self._pg:
+                q = q.with_for_update(of=JobStep, skip_locked=True)
+            for row in s.scalars(q).all():
+                if row.status == "running":
+                    self.add_event(
+                        s, row.job_id, "step_requeued", row.step_id, reason=f"worker {row.worker} stopped heartbeating"
+                    )
+                    row.worker = None
+                row.status, row.queued_at = "queued", now
+                out.append((row.job_id, row.step_id, row.engine))
+        return out
+
+    def previous_publish(self, name: str, input_key: str, source_sha256: str) -> dict[str, Any] | None:
+        """Return the record of the latest publish of export ``input_key`` under ``name``, if any."""
+        with self.read() as s:
+            rows = s.execute(
+                select(JobStep.meta, JobStep.input_keys)
+                .join(Job, Job.id == JobStep.job_id)
+                .where(Job.source_sha256 == source_sha256)
+                .where(JobStep.kind == "publish", JobStep.status == "succeeded", JobStep.cached.is_(False))
+                .order_by(JobStep.finished_at.desc())
+                .limit(200)
+            ).all()
+        for meta, keys in rows:
+            published = (meta or {}).get("published") or {}
+            if (keys or {}).get("model") == input_key and published.get("name") == name:
+                return meta  # type: ignore[no-any-return]
+        return None
+
+    # --- workers --------------------------------------------------------------------------
+
+    def worker_heartbeat(
+        self, hostname: str, *, engines: list[str], versions: dict[str, Any], pid: int, concurrency: int
+    ) -> None:
+        """Insert or refresh a worker's record."""
+        now = utcnow()
+        with self.write() as s:
+            rec = s.get(WorkerRecord, hostname)
+            if rec is None:
+                s.add(
+                    WorkerRecord(
+                        hostname=hostname,
+                        engines=engines,
+                        versions=versions,
+                        pid=pid,
+                        concurrency=concurrency,
+                        started_at=now,
+                        heartbeat_at=now,
+                    )
+                )
+            else:
+                rec.engines, rec.versions, rec.pid, rec.concurrency = engines, versions, pid, concurrency
+                rec.heartbeat_at, rec.stopped_at = now, None
+
+    def worker_stopped(self, hostname: str) -> None:
+        with self.write() as s:
+            s.execute(update(WorkerRecord).where(WorkerRecord.hostname == hostname).values(stopped_at=utcnow()))
+
+    def live_workers(self, max_age: float) -> list[WorkerRecord]:
+        """Return workers that heartbeated within ``max_age`` seconds and did not stop."""
+        cutoff = utcnow() - timedelta(seconds=max_age)
+        with self.read() as s:
+            return list(
+                s.scalars(
+                    select(WorkerRecord)
+                    .where(WorkerRecord.heartbeat_at >= cutoff, WorkerRecord.stopped_at.is_(None))
+                    .order_by(WorkerRecord.hostname)
+                ).all()
+            )
+
+    # --- API tokens -----------------------------------------------------------------------
+
+    def create_token(self, name: str, scopes: Sequence[str] = ("read", "write")) -> str:
+        """Create a token and return it in clear text (the only time it is shown)."""
+        bad = [sc for sc in scopes if sc not in SCOPES]
+        if bad:
+            raise KilnError(f"unknown scope(s) {bad}", hint=f"Scopes: {', '.join(SCOPES)}.")
+        token_id = secrets.token_hex(4)
+        token = f"kiln_{token_id}_{secrets.token_urlsafe(32)}"
+        with self.write() as s:
+            if s.scalar(select(ApiToken.id).where(ApiToken.name == name)) is not None:
+                raise KilnError(f"a token named {name!r} exists", hint="Revoke it first or pick another name.")
+            s.add(ApiToken(id=token_id, name=name, token_sha256=hash_token(token), scopes=" ".join(scopes)))
+        return token
+
+    def verify_token(self, token: str) -> ApiToken | None:
+        """Return the live token record matching ``token``, or None."""
+        with self.read() as s:
+            rec = s.scalars(select(ApiToken).where(ApiToken.token_sha256 == hash_token(token))).one_or_none()
+        if rec is None or rec.revoked_at is not None:
+            return None
+        return rec
+
+    def revoke_token(self, name: str) -> bool:
+        with self.write() as s:
+            res = s.execute(
+                update(ApiToken).where(ApiToken.name == name, ApiToken.revoked_at.is_(None)).values(revoked_at=utcnow())
+            )
+            return res.rowcount == 1  # type: ignore[attr-defined]
+
+    def list_tokens(self) -> list[ApiToken]:
+        with self.read() as s:
+            return list(s.scalars(select(ApiToken).order_by(ApiToken.created_at)).all())
+
+    # --- housekeeping ---------------------------------------------------------------------
+
+    def delete_job(self, job_id: str) -> None:
+        """Remove a job and its steps and events (tests and retention)."""
+        with self.write() as s:
+            s.execute(delete(JobEvent).where(JobEvent.job_id == job_id))
+            s.execute(delete(JobStep).where(JobStep.job_id == job_id))
+            s.execute(delete(Job).where(Job.id == job_id))
+
+    @staticmethod
+    def now() -> datetime:
+        return utcnow()

@@ -1,0 +1,75 @@
+"""A worker's housekeeping thread: its own heartbeat in the job store, and the stale-step sweep.
+
+Any live worker requeues steps whose worker stopped heartbeating (SIGKILL, OOM, a lost
+node), so a job survives the death of the worker running it without waiting for the
+broker's visibility timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+from services.jobs.store import JobStore
+from services.settings import Settings
+from workers.queues import enqueue_steps
+
+__all__ = ["Maintenance", "sweep_once"]
+
+log = logging.getLogger("kiln.worker")
+
+#: A queued step whose message may have been lost is re-announced after this many stale periods.
+LOST_FACTOR = 5
+
+
+def sweep_once(jobs: JobStore, celery_app: Any, settings: Settings) -> int:
+    """Requeue stale running steps and re-announce long-queued ones; return how many."""
+    found = jobs.requeue_stale(settings.step_stale_after, settings.step_stale_after * LOST_FACTOR)
+    for job_id, step_id, engine in found:
+        log.warning("requeueing step %s of job %s", step_id, job_id)
+        enqueue_steps(celery_app, job_id, [(step_id, engine)])
+    return len(found)
+
+
+class Maintenance(threading.Thread):
+    """Heartbeats this worker and sweeps stale steps until stopped."""
+
+    def __init__(
+        self,
+        jobs: JobStore,
+        celery_app: Any,
+        settings: Settings,
+        *,
+        hostname: str,
+        engines: list[str],
+        versions: dict[str, Any],
+        concurrency: int,
+    ) -> None:
+        super().__init__(name="kiln-maintenance", daemon=True)
+        self.jobs, self.app, self.settings = jobs, celery_app, settings
+        self.hostname, self.engines, self.versions, self.concurrency = hostname, engines, versions, concurrency
+        self._stop_event = threading.Event()
+
+    def beat(self) -> None:
+        self.jobs.worker_heartbeat(
+            self.hostname, engines=self.engines, versions=self.versions, pid=os.getpid(), concurrency=self.concurrency
+        )
+
+    def run(self) -> None:
+        interval = self.settings.step_heartbeat_interval
+        while not self._stop_event.is_set():
+            try:
+                self.beat()
+                sweep_once(self.jobs, self.app, self.settings)
+            except Exception:  # a database or broker blip must not kill the thread
+                log.warning("maintenance pass failed", exc_info=True)
+            self._stop_event.wait(interval)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        try:
+            self.jobs.worker_stopped(self.hostname)
+        except Exception:
+            log.warning("could not mark worker %s stopped", self.hostname, exc_info=True)

@@ -1,0 +1,48 @@
+"""Which engines this worker's image can run, and refusing to serve the ones it cannot."""
+
+from __future__ import annotations
+
+from services.errors import EngineUnavailable
+from services.graph.engines import ENGINES, installed_engines
+from services.versions import tool_versions
+
+__all__ = ["engine_versions", "resolve_engines"]
+
+
+def resolve_engines(requested: list[str] | tuple[str, ...]) -> list[str]:
+    """Return the engines to serve: ``requested`` (each must be installed here) or every installed one.
+
+    Raises ENGINE_UNAVAILABLE naming the missing SDK and the engines this image does have.
+    """
+    installed = [e.name for e in installed_engines()]
+    if not requested:
+        if not installed:
+            raise EngineUnavailable("no engine SDK is installed in this environment")
+        return installed
+    out = []
+    for name in requested:
+        if name not in ENGINES:
+            raise EngineUnavailable(f"unknown engine {name!r}", hint="Known engines: " + ", ".join(ENGINES) + ".")
+        eng = ENGINES[name]
+        if not eng.is_installed():
+            missing = [m for m in eng.modules if not _importable(m)]
+            raise EngineUnavailable(
+                f"engine {name} cannot run here: module(s) {', '.join(missing)} not installed",
+                hint=f"Install it with pip install 'kiln[{eng.extra}]' or use an image built for it; "
+                f"engines installed here: {', '.join(installed) or 'none'}.",
+                engine=name,
+            )
+        if name not in out:
+            out.append(name)
+    return out
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def engine_versions(engines: list[str]) -> dict[str, dict[str, str]]:
+    """Return the tool versions each served engine runs with (shown by GET /engines)."""
+    return {e: tool_versions(e) for e in engines}

@@ -1,0 +1,221 @@
+"""The step task: claim a step in the job store, run it (from the cache or in a child), record, advance.
+
+The broker message carries only ``(job_id, step_id)``; everything else is loaded from the
+job store, and every outcome goes back there before the dependents are enqueued on their
+own engines' queues. A delivery that finds its step already claimed, done or cancelled
+does nothing, which makes redelivery after a worker loss safe.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from services.artifacts import Artifact
+from services.errors import KilnError
+from services.graph.planner import PlanStep
+from services.jobs.backends import open_repository, open_store
+from services.jobs.db import database_url
+from services.jobs.store import ClaimedStep, JobStore
+from services.pipeline.executor import step_cache_key
+from services.settings import Settings
+from services.spec import CompileSpec
+from workers.child import ChildResult, StepRequest, fetch_local, run_in_child
+from workers.queues import enqueue_steps
+
+__all__ = ["StepRun", "execute_step", "worker_name"]
+
+log = logging.getLogger("kiln.worker")
+
+
+def worker_name() -> str:
+    """Return this process's name in step records: host and pid."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass
+class StepRun:
+    """What one delivery of a step did (returned by the task, for logs and tests)."""
+
+    job_id: str
+    step_id: str
+    outcome: str  # skipped | succeeded | failed | cancelled | lost
+    cached: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _cached_artifact(claim: ClaimedStep, step: PlanStep, spec: CompileSpec, store: Any, settings: Settings) -> Any:
+    """Return (key, meta) when the step's output is already in the store; else None.
+
+    The key is the executor's own (step_cache_key over the same inputs), so a hit here is
+    exactly a hit the child would have found, without paying for a child.
+    """
+    if not claim.use_cache or step.kind == "publish":
+        return None
+    key = step_cache_key(step, spec, {**claim.input_keys, "source": claim.source_sha256}, claim.calibration_sha256)
+    if not store.exists(key):
+        return None
+    local = fetch_local(store, key, settings.cache_dir / "worker-fetch")
+    meta = Artifact.load(local).meta
+    return key, {k: v for k, v in meta.items() if k not in ("lineage", "signature")}
+
+
+def _cached_publish(claim: ClaimedStep, step: PlanStep, spec: CompileSpec, jobs: JobStore, settings: Settings) -> Any:
+    """Return the meta of an earlier publish of this very export under this name, when it still stands."""
+    if not claim.use_cache or step.kind != "publish":
+        return None
+    prev = jobs.previous_publish(step.options["name"], claim.input_keys.get("model", ""), claim.source_sha256)
+    if prev is None:
+        return None
+    published = prev["published"]
+    if spec.version is not None and spec.version != published["version"]:
+        return None
+    from services.repository.publish import read_manifest
+
+    repo = open_repository(settings)
+    try:
+        manifest = read_manifest(repo, published["name"], int(published["version"]))
+    except KilnError:
+        return None  # the version is gone from the repository: publish again
+    if manifest.get("source", {}).get("sha256") != claim.source_sha256:
+        return None
+    return {**prev, "reused": True}
+
+
+def _run_claimed(claim: ClaimedStep, jobs: JobStore, settings: Settings) -> ChildResult:
+    step = PlanStep.from_dict(claim.step)
+    spec = CompileSpec.model_validate(claim.spec)
+    started = time.monotonic()
+    store = open_store(settings)
+    hit = _cached_artifact(claim, step, spec, store, settings)
+    if hit is not None:
+        key, meta = hit
+        return ChildResult(ok=True, key=key, cached=True, seconds=time.monotonic() - started, meta=meta)
+    reused = _cached_publish(claim, step, spec, jobs, settings)
+    if reused is not None:
+        return ChildResult(ok=True, cached=True, seconds=time.monotonic() - started, meta=reused)
+
+    pending: list[str] = []
+    lock = threading.Lock()
+    last_flush = [time.monotonic()]
+
+    def on_progress(message: str) -> None:
+        with lock:
+            pending.append(message)
+        if time.monotonic() - last_flush[0] > 0.5:
+            flush()
+
+    def flush() -> None:
+        with lock:
+            batch, pending[:] = list(pending), []
+        last_flush[0] = time.monotonic()
+        try:
+            jobs.progress(claim.job_id, claim.step_id, batch)
+        except Exception:  # progress is best effort; the step's result is what counts
+            log.warning("could not record progress of %s/%s", claim.job_id, claim.step_id, exc_info=True)
+
+    def tick() -> str | None:
+        flush()
+        try:
+            ours, cancelled = jobs.heartbeat(claim.job_id, claim.step_id, claim.attempt)
+        except Exception:
+            log.warning("heartbeat failed for %s/%s", claim.job_id, claim.step_id, exc_info=True)
+            return None
+        if cancelled:
+            return "cancel"
+        return None if ours else "lost"
+
+    scratch = Path(tempfile.mkdtemp(prefix="kiln-step-", dir=_scratch_root(settings)))
+    try:
+        req = StepRequest(
+            job_id=claim.job_id,
+            step=claim.step,
+            spec=claim.spec,
+            source_key=claim.source_key,
+            source_filename=claim.source_filename,
+            input_keys=claim.input_keys,
+            settings=settings,
+            scratch=scratch,
+            calibration_key=claim.calibration_key,
+            calibration_filename=claim.calibration_filename,
+            calibration_sha256=claim.calibration_sha256,
+            use_cache=claim.use_cache,
+        )
+        result = run_in_child(
+            req,
+            soft_limit=settings.step_soft_time_limit,
+            hard_limit=settings.step_hard_time_limit,
+            on_progress=on_progress,
+            tick=tick,
+            tick_interval=min(settings.step_heartbeat_interval, 1.0),
+        )
+        flush()
+        return result
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _scratch_root(settings: Settings) -> Path:
+    root = settings.cache_dir / "scratch"
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def execute_step(
+    job_id: str, step_id: str, *, settings: Settings, celery_app: Any, jobs: JobStore | None = None
+) -> StepRun:
+    """Run one delivery of ``(job_id, step_id)``; return what it did."""
+    jobs = jobs or JobStore(database_url(settings))
+    claim = jobs.claim_step(job_id, step_id, worker_name(), settings.step_stale_after)
+    if claim is None:
+        log.info(
+            "step %s of job %s is not runnable here (done, cancelled or owned); dropping delivery", step_id, job_id
+        )
+        return StepRun(job_id, step_id, "skipped")
+    try:
+        result = _run_claimed(claim, jobs, settings)
+    except KilnError as exc:  # e.g. the store is unreachable in a way that is the user's problem
+        result = ChildResult(ok=False, error=exc.to_dict())
+    except Exception:
+        # A transient failure around the step (database, broker, store): hand the step back
+        # so the retried task can claim it again, then let Celery retry.
+        try:
+            jobs.release_step(job_id, step_id, claim.attempt, "transient error in the worker")
+        except Exception:
+            log.warning("could not release %s/%s; the stale-step sweep will", job_id, step_id)
+        raise
+    if result.lost:
+        log.warning("step %s of job %s was taken over by another worker; dropping this run", step_id, job_id)
+        return StepRun(job_id, step_id, "lost")
+    if result.ok:
+        status = "succeeded"
+    elif (result.error or {}).get("code") == "CANCELLED":
+        status = "cancelled"
+    else:
+        status = "failed"
+    advance = jobs.finish_step(
+        job_id,
+        step_id,
+        claim.attempt,
+        status=status,
+        seconds=result.seconds,
+        artifact_key=result.key,
+        cached=result.cached,
+        meta=result.meta or None,
+        error=result.error,
+        log=result.log or None,
+    )
+    if advance is None:
+        return StepRun(job_id, step_id, "lost")
+    enqueue_steps(celery_app, job_id, advance.queued)
+    return StepRun(job_id, step_id, status, cached=result.cached)
