@@ -280,11 +280,13 @@ MAX_EXPR_CHARS = 4096
 def _check_sympy_expr(expr: Any) -> None:
     """Refuse a shape expression sympify could turn into code execution."""
     if not isinstance(expr, str) or len(expr) > MAX_EXPR_CHARS or "__" in expr:
-        raise UnsafeInput(f"symbolic shape expression {str(expr)[:80]!r} is not a plain sympy expression")
+        raise UnsafeInput(
+            f"symbolic shape expression {str(expr)[:80]!r} is not a plain sympy expression", hint=_PT2_HINT
+        )
     try:
         tree = ast.parse(expr, mode="eval")
     except SyntaxError as exc:
-        raise UnsafeInput(f"symbolic shape expression {expr[:80]!r} does not parse: {exc.msg}") from exc
+        raise UnsafeInput(f"symbolic shape expression {expr[:80]!r} does not parse: {exc.msg}", hint=_PT2_HINT) from exc
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             ok = isinstance(node.func, ast.Name) and node.func.id in _SYMPY_CALLS
@@ -302,7 +304,8 @@ def _check_sympy_expr(expr: Any) -> None:
         if not ok:
             raise UnsafeInput(
                 f"symbolic shape expression {expr[:80]!r} contains {type(node).__name__}, "
-                "which a torch.export archive never needs; sympy would evaluate it as Python"
+                "which a torch.export archive never needs; sympy would evaluate it as Python",
+                hint=_PT2_HINT,
             )
 
 
@@ -321,7 +324,9 @@ def _no_enum(value: Any) -> None:
     # "__enum__" entry names; a model never needs that, so any such entry is refused.
     if isinstance(value, dict):
         if "__enum__" in value:
-            raise UnsafeInput("a pytree context in the archive asks torch to import a module (__enum__)")
+            raise UnsafeInput(
+                "a pytree context in the archive asks torch to import a module (__enum__)", hint=_PT2_HINT
+            )
         for v in value.values():
             _no_enum(v)
     elif isinstance(value, list):
@@ -518,16 +523,20 @@ def _check_graph_calls(program: Any) -> None:
             continue
         for node in gm.graph.nodes:
             if node.op in ("call_module", "call_method"):
-                raise UnsafeInput(f"the exported graph calls {node.op} {node.target!r}, which export never emits")
+                raise UnsafeInput(
+                    f"the exported graph calls {node.op} {node.target!r}, which export never emits", hint=_PT2_HINT
+                )
             if node.op == "call_function" and not allowed(node.target):
-                raise UnsafeInput(f"the exported graph calls {node.target!r}, which is not a torch operator")
+                raise UnsafeInput(
+                    f"the exported graph calls {node.target!r}, which is not a torch operator", hint=_PT2_HINT
+                )
             for arg in pytree.tree_leaves((node.args, node.kwargs)):
                 if (
                     callable(arg)
                     and not isinstance(arg, (torch.Tensor, torch.fx.Node, torch.nn.Module))
                     and not allowed(arg)
                 ):
-                    raise UnsafeInput(f"the exported graph passes {arg!r} to {node.target!r}")
+                    raise UnsafeInput(f"the exported graph passes {arg!r} to {node.target!r}", hint=_PT2_HINT)
 
 
 def load_exported_program(path: Path) -> torch.export.ExportedProgram:
@@ -542,6 +551,8 @@ def load_exported_program(path: Path) -> torch.export.ExportedProgram:
     except UnsafeInput:
         raise
     except Exception as exc:  # torch raises RuntimeError/AssertionError/SerializeError alike
+        if type(exc).__name__ == "SpecViolationError":  # torch's verifier: a non-operator call
+            raise UnsafeInput(f"{name}: {str(exc).splitlines()[0]}", hint=_PT2_HINT) from exc
         raise SourceUnreadable(
             f"torch.export.load cannot read {name}: {type(exc).__name__}: {exc}", hint=_PT2_HINT
         ) from exc
