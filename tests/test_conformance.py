@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 import onnx
-import pytest
 from onnx import numpy_helper
 
 from services.passes import optimize_model
@@ -47,6 +46,8 @@ class Tally:
     changed: int = 0  # cases where the optimiser removed or rewrote nodes
     regressions: list[str] = field(default_factory=list)
     by_kind: Counter = field(default_factory=Counter)
+    #: pass name -> cases in which it removed nodes, among cases passing before
+    shrunk_by: Counter = field(default_factory=Counter)
 
 
 def _load_pb(path: str, type_proto: onnx.TypeProto) -> Any:
@@ -133,7 +134,7 @@ def _passes(model: onnx.ModelProto, case: Case) -> bool:
                 return False
             if not all(_similar(e, a, case.rtol, case.atol) for e, a in zip(outputs, got, strict=True)):
                 return False
-    except Exception:  # noqa: BLE001 - ORT raises its own types for unsupported ops and bad graphs
+    except Exception:
         return False
     return True
 
@@ -154,7 +155,7 @@ def run_conformance() -> tuple[Tally, float]:
             tally.total += 1
             try:
                 case = _load_case(tc, kind)
-            except Exception:  # noqa: BLE001 - map/optional data the harness does not read
+            except Exception:
                 continue
             tally.loaded += 1
             if not _passes(case.model, case):
@@ -163,11 +164,12 @@ def run_conformance() -> tuple[Tally, float]:
             tally.by_kind[kind] += 1
             try:
                 optimized, report = optimize_model(case.model)
-            except Exception as exc:  # noqa: BLE001 - the optimiser failing a valid model is a regression
+            except Exception as exc:
                 tally.regressions.append(f"{kind}/{case.name}: optimiser raised {exc}")
                 continue
             if report.nodes_after != report.nodes_before or _op_types(optimized) != _op_types(case.model):
                 tally.changed += 1
+            tally.shrunk_by.update(r.name for r in report.passes if r.nodes_after < r.nodes_before)
             if _passes(optimized, case):
                 tally.passing_after += 1
             else:
@@ -183,6 +185,7 @@ def test_optimizer_keeps_every_backend_case_passing() -> None:
         f"changed by the optimiser {tally.changed}, regressions {len(tally.regressions)} "
         f"[{dict(tally.by_kind)}] in {seconds:.0f} s"
     )
+    print(f"cases each pass shrank: {dict(tally.shrunk_by.most_common())}")
     for line in tally.regressions:
         print("  REGRESSION", line)
     # Guard against a harness that silently loads nothing.

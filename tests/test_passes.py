@@ -29,7 +29,8 @@ from services.passes import (
 )
 from services.passes.elimination import CommonSubexpressions, DeadCode, EliminateNoOps, IdentityElimination
 from services.passes.folding import ConstantFolding, ShapeInference
-from services.passes.fusion import FuseBatchNorm, FuseMatMulAddToGemm, FusePadIntoConv
+from services.passes.fusion import FuseBatchNorm, FuseConvAffine, FuseMatMulAddToGemm, FusePadIntoConv
+from services.passes.slices import MergeSlicesIntoSplit
 from services.passes.step import run_optimize_step
 from services.passes.verify import compare_arrays, ort_session
 from services.pipeline.context import StepContext
@@ -39,7 +40,9 @@ OPSET = 17
 RNG = np.random.default_rng(0)
 
 
-def make_model(nodes: list[Any], inputs: list[Any], outputs: list[Any], inits: Any = (), opset: int = OPSET) -> onnx.ModelProto:
+def make_model(
+    nodes: list[Any], inputs: list[Any], outputs: list[Any], inits: Any = (), opset: int = OPSET
+) -> onnx.ModelProto:
     graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8
@@ -59,7 +62,9 @@ def feeds_for(model: onnx.ModelProto, **dims: int) -> dict[str, np.ndarray]:
     feeds = {}
     rng = np.random.default_rng(1)
     for inp in model.graph.input:
-        shape = [d.dim_value if d.HasField("dim_value") else dims.get(d.dim_param, 2) for d in inp.type.tensor_type.shape.dim]
+        shape = [
+            d.dim_value if d.HasField("dim_value") else dims.get(d.dim_param, 2) for d in inp.type.tensor_type.shape.dim
+        ]
         feeds[inp.name] = rng.standard_normal(shape).astype(np.float32)
     return feeds
 
@@ -105,7 +110,14 @@ def conv_bn_model(*, conv_out_is_output: bool = False) -> onnx.ModelProto:
         helper.make_node("Relu", ["n"], ["y"]),
     ]
     outputs = [f32("y", ["N", 8, 8, 8])] + ([f32("c", ["N", 8, 8, 8])] if conv_out_is_output else [])
-    inits = [const("w", w), const("b", b), const("scale", scale), const("bias", bias), const("mean", mean), const("var", var)]
+    inits = [
+        const("w", w),
+        const("b", b),
+        const("scale", scale),
+        const("bias", bias),
+        const("mean", mean),
+        const("var", var),
+    ]
     return make_model(nodes, [f32("x", ["N", 3, 8, 8])], outputs, inits)
 
 
@@ -118,7 +130,11 @@ def test_conv_batchnorm_is_folded_into_the_conv_weights() -> None:
     assert (rec.name, rec.nodes_before, rec.nodes_after, rec.modified) == ("fuse_batchnorm", 3, 2, True)
     # Non-trivial statistics: the fused weights differ from the originals, results do not.
     fused_w = {i.name: numpy_helper.to_array(i) for i in out.graph.initializer}
-    assert not any(np.allclose(v, numpy_helper.to_array(model.graph.initializer[0])) for v in fused_w.values() if v.shape == (8, 3, 3, 3))
+    assert not any(
+        np.allclose(v, numpy_helper.to_array(model.graph.initializer[0]))
+        for v in fused_w.values()
+        if v.shape == (8, 3, 3, 3)
+    )
     assert_same_outputs(model, out, N=3)
 
 
@@ -160,7 +176,9 @@ def test_batchnorm_from_torch_exporter_is_folded(tmp_path: Path) -> None:
 # --- MatMul + Add -> Gemm ----------------------------------------------------------------
 
 
-def matmul_add_model(c_shape: list[int], a_shape: list[Any], y_shape: list[Any], *, bias_first: bool = False) -> onnx.ModelProto:
+def matmul_add_model(
+    c_shape: list[int], a_shape: list[Any], y_shape: list[Any], *, bias_first: bool = False
+) -> onnx.ModelProto:
     k, n = a_shape[-1], 6
     w = RNG.standard_normal((k, n)).astype(np.float32)
     c = RNG.standard_normal(c_shape).astype(np.float32)
@@ -201,7 +219,9 @@ def test_constant_folding_evaluates_constant_subexpressions() -> None:
         helper.make_node("Sqrt", ["kw"], ["s"]),
         helper.make_node("Add", ["x", "s"], ["y"]),
     ]
-    model = make_model(nodes, [f32("x", [2, 3])], [f32("y", [2, 3])], [const("w", np.array([1.0, 5.0, 9.0], np.float32))])
+    model = make_model(
+        nodes, [f32("x", [2, 3])], [f32("y", [2, 3])], [const("w", np.array([1.0, 5.0, 9.0], np.float32))]
+    )
     out, records = apply(model, ConstantFolding(), DeadCode())
     assert op_types(out) == ["Add"]
     assert records[0].modified and records[0].nodes_after < records[0].nodes_before
@@ -296,8 +316,14 @@ def test_cast_chains_that_round_twice_are_kept() -> None:
     ]
     model = make_model(
         nodes,
-        [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [64]), helper.make_tensor_value_info("h", TensorProto.FLOAT16, [4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [64]), helper.make_tensor_value_info("z", TensorProto.FLOAT16, [4])],
+        [
+            helper.make_tensor_value_info("x", TensorProto.DOUBLE, [64]),
+            helper.make_tensor_value_info("h", TensorProto.FLOAT16, [4]),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT16, [64]),
+            helper.make_tensor_value_info("z", TensorProto.FLOAT16, [4]),
+        ],
     )
     out, _ = apply(model, ShapeInference(), EliminateNoOps(), IdentityElimination(), DeadCode())
     # double -> float -> half rounds twice and stays; half -> float -> half is exact and goes
@@ -310,6 +336,30 @@ def test_cast_chains_that_round_twice_are_kept() -> None:
         np.testing.assert_array_equal(g, w)
 
 
+@pytest.mark.parametrize(
+    ("scale_shape", "fused"),
+    [([1, 4, 1, 1], True), ([4, 1, 1], True), ([], True), ([1, 1, 1, 5], False)],
+    ids=["per-channel", "per-channel-rank3", "scalar", "per-column"],
+)
+def test_per_channel_mul_and_add_after_conv_fold_into_its_weights(scale_shape: list[int], fused: bool) -> None:
+    """tf2onnx leaves BatchNorm after a depthwise conv as Mul + Add with per-channel constants."""
+    w = RNG.standard_normal((4, 1, 3, 3)).astype(np.float32)
+    s = RNG.uniform(0.5, 2.0, scale_shape).astype(np.float32)
+    a = RNG.uniform(-1.0, 1.0, scale_shape).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], group=4, pads=[1, 1, 1, 1]),
+        helper.make_node("Mul", ["c", "s"], ["m"]),
+        helper.make_node("Add", ["a", "m"], ["y"]),
+    ]
+    model = make_model(
+        nodes, [f32("x", ["N", 4, 5, 5])], [f32("y", ["N", 4, 5, 5])], [const("w", w), const("s", s), const("a", a)]
+    )
+    out, records = apply(model, ShapeInference(), FuseConvAffine(), DeadCode())
+    assert op_types(out) == (["Conv"] if fused else ["Conv", "Mul", "Add"])
+    assert records[1].modified is fused
+    assert_same_outputs(model, out, N=2)
+
+
 def test_zero_pad_is_folded_into_the_conv() -> None:
     w = RNG.standard_normal((4, 2, 3, 3)).astype(np.float32)
     pads = np.array([0, 0, 1, 2, 0, 0, 1, 2], np.int64)
@@ -318,9 +368,47 @@ def test_zero_pad_is_folded_into_the_conv() -> None:
         helper.make_node("Conv", ["p", "w"], ["y"]),
     ]
     model = make_model(nodes, [f32("x", [1, 2, 6, 6])], [f32("y", [1, 4, 6, 8])], [const("w", w), const("pads", pads)])
-    out, records = apply(model, ShapeInference(), FusePadIntoConv(), DeadCode())
+    out, _ = apply(model, ShapeInference(), FusePadIntoConv(), DeadCode())
     assert op_types(out) == ["Conv"]
     assert list(helper.get_attribute_value(out.graph.node[0].attribute[0])) == [1, 2, 1, 2]
+    assert_same_outputs(model, out)
+
+
+def slices_model(bounds: list[tuple[int, int]], axis: int = -1) -> onnx.ModelProto:
+    nodes, inits, outputs = [], [], []
+    for i, (start, end) in enumerate(bounds):
+        inits += [
+            const(f"s{i}", np.array([start], np.int64)),
+            const(f"e{i}", np.array([end], np.int64)),
+            const(f"a{i}", np.array([axis], np.int64)),
+        ]
+        nodes += [
+            helper.make_node("Slice", ["h", f"s{i}", f"e{i}", f"a{i}"], [f"p{i}"]),
+            helper.make_node("Relu", [f"p{i}"], [f"y{i}"]),
+        ]
+        outputs.append(f32(f"y{i}", [2, end - start]))
+    nodes.insert(0, helper.make_node("Sigmoid", ["x"], ["h"]))
+    return make_model(nodes, [f32("x", [2, 7])], outputs, inits)
+
+
+@pytest.mark.parametrize(
+    ("bounds", "merged"),
+    [
+        ([(0, 3), (3, 5), (5, 7)], True),  # uneven pieces, in order
+        ([(4, 7), (0, 4)], True),  # out of order, still tiling
+        ([(0, 3), (4, 7)], False),  # a gap
+        ([(0, 4), (3, 7)], False),  # an overlap
+    ],
+    ids=["three-uneven", "out-of-order", "gap", "overlap"],
+)
+def test_slices_that_tile_an_axis_become_one_split(bounds: list[tuple[int, int]], merged: bool) -> None:
+    model = slices_model(bounds)
+    out, records = apply(model, ShapeInference(), MergeSlicesIntoSplit(), DeadCode())
+    ops = op_types(out)
+    assert ops.count("Split") == (1 if merged else 0)
+    assert ops.count("Slice") == (0 if merged else len(bounds))
+    assert records[1].modified is merged
+    assert [o.name for o in out.graph.output] == [o.name for o in model.graph.output]
     assert_same_outputs(model, out)
 
 
@@ -419,13 +507,23 @@ def test_compare_arrays_is_relative_to_the_output_scale() -> None:
 
 def step_context(tmp_path: Path, model_path: Path, spec: CompileSpec | None = None) -> StepContext:
     spec = spec or CompileSpec(targets=["onnxruntime"])
-    step = PlanStep(id="optimize", kind="optimize", engine="onnxruntime", entry="services.passes.step:run_optimize_step", inputs={"model": "source"}, tool="kiln passes", format_out="onnx")
+    step = PlanStep(
+        id="optimize",
+        kind="optimize",
+        engine="onnxruntime",
+        entry="services.passes.step:run_optimize_step",
+        inputs={"model": "source"},
+        tool="kiln passes",
+        format_out="onnx",
+    )
     source = DetectedSource(format=Format.ONNX, path=model_path, seen="onnx", sha256="0" * 64)
     out_dir, scratch = tmp_path / "out", tmp_path / "scratch"
     out_dir.mkdir()
     scratch.mkdir()
     model_art = Artifact(root=model_path.parent, kind="onnx", entry=model_path.name)
-    return StepContext(job_id="j", step=step, spec=spec, source=source, inputs={"model": model_art}, out_dir=out_dir, scratch=scratch)
+    return StepContext(
+        job_id="j", step=step, spec=spec, source=source, inputs={"model": model_art}, out_dir=out_dir, scratch=scratch
+    )
 
 
 def test_optimize_step_writes_a_smaller_verified_transformer(tmp_path: Path, transformer_onnx: Path) -> None:

@@ -15,12 +15,39 @@ from typing import ClassVar
 import onnx_ir as ir
 from onnx_ir.passes import PassResult
 
-__all__ = ["KilnPass", "PassResult", "SequencePass", "count_nodes", "opset_version", "quiet_logger"]
+__all__ = ["KilnPass", "PassResult", "SequencePass", "count_nodes", "op_types", "opset_version", "quiet_logger"]
+
+
+def _subgraphs(node: ir.Node) -> Iterator[ir.Graph]:
+    for attr in node.attributes.values():
+        if attr.type == ir.AttributeType.GRAPH:
+            yield attr.as_graph()
+        elif attr.type == ir.AttributeType.GRAPHS:
+            yield from attr.as_graphs()
+
+
+def _count(graph: ir.Graph) -> int:
+    # Plain loops: onnx_ir's RecursiveGraphIterator costs more than the passes on small graphs,
+    # and the manager counts around every pass.
+    total = len(graph)
+    for node in graph:
+        if node.op_type in _CONTROL_FLOW:
+            total += sum(_count(g) for g in _subgraphs(node))
+    return total
+
+
+#: Ops whose attributes hold subgraphs (onnx and onnxruntime's contrib ops).
+_CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
 
 
 def count_nodes(model: ir.Model) -> int:
     """Return the number of nodes in the model, subgraphs (If/Loop/Scan bodies) included."""
-    return sum(1 for _ in ir.traversal.RecursiveGraphIterator(model.graph))
+    return _count(model.graph)
+
+
+def op_types(model: ir.Model) -> set[str]:
+    """Return the op types used anywhere in the model's graphs (functions excluded)."""
+    return {node.op_type for graph in model.graphs() for node in graph}
 
 
 @contextlib.contextmanager

@@ -31,7 +31,7 @@ def constant_array(value: ir.Value | None) -> np.ndarray | None:
         return None
     try:
         return value.const_value.numpy()
-    except Exception:  # noqa: BLE001 - string/opaque tensors: not something to fold
+    except Exception:
         return None
 
 

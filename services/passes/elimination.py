@@ -33,6 +33,11 @@ class EliminateNoOps(RulesPass):
         "Reshape/Transpose/Unsqueeze chains (onnxscript rules)"
     )
 
+    triggers = frozenset(
+        {"Add", "Sub", "Mul", "Div", "Cast", "Expand", "Transpose", "Reshape", "Squeeze", "Unsqueeze", "Slice"}
+        | {"ConstantOfShape", "ScatterND"}
+    )
+
     def rules(self) -> list[Any]:
         from onnxscript.rewriter.rules import common as r
 

@@ -57,7 +57,7 @@ class ShapeInference(KilnPass):
         try:
             # call_onnx_api leaves large weights out of the proto it hands to onnx (2 GB limit).
             inferred = ir.serde.deserialize_model(_c_api_utils.call_onnx_api(infer, model))
-        except Exception:  # noqa: BLE001 - inference is an aid; without it the other passes still work
+        except Exception:
             return PassResult(model, False)
         modified = False
         for graph, inferred_graph in zip(model.graphs(), inferred.graphs(), strict=False):
@@ -231,6 +231,18 @@ def _static_dim(node: ir.Node) -> np.ndarray | None:
     return np.array(picked, dtype=np.int64).reshape(idx.shape)
 
 
+def _has_computed_reshape(model: ir.Model) -> bool:
+    return any(
+        node.op_type == "Reshape"
+        and len(node.inputs) > 1
+        and node.inputs[1] is not None
+        and node.inputs[1].const_value is None
+        and (node.inputs[1].producer() is None or node.inputs[1].producer().op_type != "Constant")
+        for graph in model.graphs()
+        for node in graph
+    )
+
+
 class MaterializeReshapeShapes(RulesPass):
     """Replace a Reshape's computed target shape with a constant when its output shape is known."""
 
@@ -249,7 +261,7 @@ class MaterializeReshapeShapes(RulesPass):
         return [materialize_reshape_shape_rule]
 
     def call(self, model: ir.Model) -> PassResult:
-        if opset_version(model) < self.min_opset:
+        if opset_version(model) < self.min_opset or not _has_computed_reshape(model):
             return PassResult(model, False)
         # Folding has just made shape arithmetic constant; the Reshape outputs only become
         # known when inference runs again over the folded graph.

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import onnx_ir as ir
+from onnxscript.rewriter import RewriteRuleClassBase
 from onnxscript.rewriter._basics import MatchResult
 from onnxscript.rewriter.rules.common._fuse_batchnorm import (
     FuseBatchNormIntoConv,
@@ -21,7 +23,14 @@ from onnxscript.rewriter.rules.common._matmul_add_to_gemm import MatMulAddToGemm
 from services.passes._noop_rules import constant_array
 from services.passes._rules import RulesPass
 
-__all__ = ["FuseActivationClips", "FuseBatchNorm", "FuseMatMulAddToGemm", "FusePadIntoConv", "RemoveZeroBias"]
+__all__ = [
+    "FuseActivationClips",
+    "FuseBatchNorm",
+    "FuseConvAffine",
+    "FuseMatMulAddToGemm",
+    "FusePadIntoConv",
+    "RemoveZeroBias",
+]
 
 
 class _BatchNormGuard:
@@ -78,10 +87,15 @@ class FuseBatchNorm(RulesPass):
 
     name = "fuse_batchnorm"
     summary = "fold BatchNormalization into the preceding Conv/ConvTranspose/Gemm weights (onnxscript rules, guarded)"
+    triggers = frozenset({"BatchNormalization"})
     commute = False
 
     def rules(self) -> list[Any]:
-        return [GuardedBatchNormIntoConv.rule(), GuardedBatchNormIntoConvTranspose.rule(), GuardedBatchNormIntoGemm.rule()]
+        return [
+            GuardedBatchNormIntoConv.rule(),
+            GuardedBatchNormIntoConvTranspose.rule(),
+            GuardedBatchNormIntoGemm.rule(),
+        ]
 
 
 #: Gemm kernels onnxruntime's CPU provider has; MatMul also takes integers, Gemm there does not.
@@ -118,9 +132,103 @@ class FuseMatMulAddToGemm(RulesPass):
 
     name = "fuse_matmul_add"
     summary = "fuse 2-D MatMul + Add (also through Transposes) into Gemm (onnxscript rules, guarded)"
+    triggers = frozenset({"MatMul"})
 
     def rules(self) -> list[Any]:
         return [GuardedMatMulAddToGemm.rule()]
+
+
+def _per_channel(const: np.ndarray, out_rank: int, channels: int) -> np.ndarray | None:
+    """Return ``const`` as a [channels] vector if it broadcasts along axis 1 of a rank-``out_rank``
+    output without changing its shape; None otherwise."""
+    if const.ndim > out_rank:
+        return None
+    shape = (1,) * (out_rank - const.ndim) + const.shape
+    if any(d != 1 for i, d in enumerate(shape) if i != 1) or shape[1] not in (1, channels):
+        return None
+    return np.broadcast_to(const.reshape(-1), (channels,)).copy()
+
+
+class _ConvAffine(RewriteRuleClassBase):
+    """``Conv(x, W, B) * s`` or ``+ a`` with a per-channel constant, folded into W and B.
+
+    Written here because onnxscript's conv/affine rules only take scalars, while TF graphs
+    (tf2onnx) leave BatchNorm as a per-channel Mul after depthwise convolutions.
+    """
+
+    op_type = ""
+
+    def pattern(self, op: Any, x: Any, conv_out: Any, c: Any) -> Any:
+        return getattr(op, self.op_type)(op.Conv(x, _allow_other_inputs=True, _outputs=["conv_out"]), c)
+
+    def check(self, context: Any, x: ir.Value, conv_out: ir.Value, c: ir.Value) -> MatchResult:
+        result = MatchResult()
+        conv = conv_out.producer()
+        assert conv is not None
+        weight = constant_array(conv.inputs[1])
+        bias = constant_array(conv.inputs[2]) if len(conv.inputs) > 2 and conv.inputs[2] is not None else None
+        const = constant_array(c)
+        if weight is None or const is None or (len(conv.inputs) > 2 and conv.inputs[2] is not None and bias is None):
+            return result.fail("weights, bias or operand are not constants")
+        if const.dtype != weight.dtype or weight.dtype.kind != "f":
+            return result.fail("operand and weights differ in dtype")
+        vector = _per_channel(const, weight.ndim, weight.shape[0])
+        if vector is None:
+            return result.fail("operand is not a per-output-channel constant")
+        # The weights are rewritten under their own name: nobody else may read them.
+        for value in conv.inputs[1:]:
+            if value is not None and any(user is not conv for user, _ in value.uses()):
+                return result.fail(f"{value.name} is shared with another node")
+        self._fused = self.fuse(weight, bias, vector)
+        return result
+
+    def fuse(
+        self, weight: np.ndarray, bias: np.ndarray | None, vector: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        raise NotImplementedError
+
+    def rewrite(self, op: Any, x: ir.Value, conv_out: ir.Value, c: ir.Value) -> Any:
+        conv = conv_out.producer()
+        assert conv is not None
+        weight, bias = self._fused
+        w_name = conv.inputs[1].name
+        inputs = [x, op.initializer(ir.tensor(weight), name=w_name)]
+        if bias is not None:
+            b_in = conv.inputs[2] if len(conv.inputs) > 2 else None
+            b_name = b_in.name if b_in is not None else f"{w_name}_bias"
+            inputs.append(op.initializer(ir.tensor(bias), name=b_name))
+        return op.Conv(*inputs, **dict(conv.attributes))
+
+
+class ConvMulFusion(_ConvAffine):
+    op_type = "Mul"
+
+    def fuse(
+        self, weight: np.ndarray, bias: np.ndarray | None, vector: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        scaled = weight * vector.reshape((-1,) + (1,) * (weight.ndim - 1))
+        return scaled.astype(weight.dtype), None if bias is None else (bias * vector).astype(bias.dtype)
+
+
+class ConvAddFusion(_ConvAffine):
+    op_type = "Add"
+
+    def fuse(
+        self, weight: np.ndarray, bias: np.ndarray | None, vector: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        base = np.zeros_like(vector) if bias is None else bias
+        return weight, (base + vector).astype(weight.dtype)
+
+
+class FuseConvAffine(RulesPass):
+    """Fold a per-channel constant Mul or Add after a Conv into the Conv's weights and bias."""
+
+    name = "fuse_conv_affine"
+    summary = "fold per-channel constant Mul/Add after Conv into its weights and bias (Kiln rule)"
+    triggers = frozenset({"Conv"})
+
+    def rules(self) -> list[Any]:
+        return [ConvMulFusion.rule(), ConvAddFusion.rule()]
 
 
 class FusePadIntoConv(RulesPass):
@@ -128,6 +236,7 @@ class FusePadIntoConv(RulesPass):
 
     name = "fuse_pad_conv"
     summary = "fold zero constant Pad on spatial axes into the following Conv's pads (onnxscript rule)"
+    triggers = frozenset({"Pad"})
     commute = False
 
     def rules(self) -> list[Any]:
@@ -142,6 +251,7 @@ class FuseActivationClips(RulesPass):
 
     name = "fuse_clips"
     summary = "merge Relu/Clip chains and Min(Max(x, lo), hi) into one Relu/Clip (onnxscript rules)"
+    triggers = frozenset({"Relu", "Clip", "Min", "Max"})
     # Min/Max are variadic; onnxscript's commuting only handles binary ops.
     commute = False
 
@@ -165,6 +275,7 @@ class RemoveZeroBias(RulesPass):
 
     name = "remove_zero_bias"
     summary = "drop all-zero optional bias inputs of Conv/ConvTranspose/Gemm (onnxscript rules)"
+    triggers = frozenset({"Conv", "ConvTranspose", "Gemm"})
     commute = False
 
     def rules(self) -> list[Any]:

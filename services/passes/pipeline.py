@@ -25,11 +25,13 @@ from services.passes.folding import ConstantFolding, InlineFunctions, Materializ
 from services.passes.fusion import (
     FuseActivationClips,
     FuseBatchNorm,
+    FuseConvAffine,
     FuseMatMulAddToGemm,
     FusePadIntoConv,
     RemoveZeroBias,
 )
 from services.passes.manager import OptimizeReport, PassManager, PassRecord, pass_failure
+from services.passes.slices import MergeSlicesIntoSplit
 from services.passes.verify import OutputCheck
 
 __all__ = ["default_passes", "optimize_model"]
@@ -44,8 +46,10 @@ def default_passes() -> list[KilnPass]:
         MaterializeReshapeShapes(),
         EliminateNoOps(),
         FuseBatchNorm(),
+        FuseConvAffine(),
         FusePadIntoConv(),
         FuseMatMulAddToGemm(),
+        MergeSlicesIntoSplit(),
         FuseActivationClips(),
         RemoveZeroBias(),
         IdentityElimination(),
@@ -64,7 +68,7 @@ def _checker_error(model: onnx.ModelProto) -> str | None:
         if model.ByteSize() < 2**31 - 1:
             onnx.checker.check_model(model)
         return None
-    except Exception as exc:  # noqa: BLE001 - checker raises ValidationError and friends
+    except Exception as exc:
         return str(exc).splitlines()[0][:500]
 
 

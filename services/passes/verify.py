@@ -46,7 +46,9 @@ def session_inputs(session: Any) -> list[TensorSpec]:
     from services.runners.onnx import ORT_DTYPES
 
     return [
-        TensorSpec(a.name, ORT_DTYPES.get(a.type, a.type), tuple(d if isinstance(d, int) and d >= 0 else None for d in a.shape))
+        TensorSpec(
+            a.name, ORT_DTYPES.get(a.type, a.type), tuple(d if isinstance(d, int) and d >= 0 else None for d in a.shape)
+        )
         for a in session.get_inputs()
     ]
 
@@ -119,7 +121,7 @@ class OutputCheck:
             if names != self.output_names:
                 return f"outputs {names} != {self.output_names}"
             actual = [session.run(names, feed) for feed in self.feeds]
-        except Exception as exc:  # noqa: BLE001 - ORT's own exception types; any failure is a mismatch
+        except Exception as exc:
             return f"onnxruntime cannot run the optimised model: {type(exc).__name__}: {str(exc)[:300]}"
         for i, (got, want) in enumerate(zip(actual, self.expected, strict=True)):
             for name, g, w in zip(names, got, want, strict=True):

@@ -1,0 +1,310 @@
+"""Benchmark Kiln's ONNX optimiser against onnxslim and onnxruntime's basic offline optimisation.
+
+For each model: node counts after each tool, each tool's own time, agreement with the
+original model (worst |difference| on seeded inputs, relative to the output scale), and
+onnxruntime latency of each variant as a ratio to the original model's (goal: Kiln <= both).
+
+Latency is measured the way a served model runs: an onnxruntime session with its default
+optimisation level (ORT_ENABLE_ALL) on each variant, ``--threads`` intra-op threads. Every
+variant runs inside each round, the order alternating between rounds, for ``--rounds``
+rounds; the ratio is taken per round and its median reported, so drift on a shared
+machine hits all variants alike.
+
+    .venv/bin/python benchmarks/bench_optimizer.py [--rounds 7] [--seconds 0.3] [--threads 1] [--only NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+# --- models ----------------------------------------------------------------------------
+
+
+def resnetish_module() -> Any:
+    """A small ResNet: stem + 3 stages x 2 basic blocks (16-32-64 channels), BatchNorm with real statistics."""
+    import torch
+
+    torch.manual_seed(0)
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self, cin: int, cout: int, stride: int) -> None:
+            super().__init__()
+            self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.b1 = nn.BatchNorm2d(cout)
+            self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.b2 = nn.BatchNorm2d(cout)
+            self.skip = (
+                nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                if stride != 1 or cin != cout
+                else nn.Identity()
+            )
+
+        def forward(self, x: Any) -> Any:
+            y = torch.relu(self.b1(self.c1(x)))
+            return torch.relu(self.b2(self.c2(y)) + self.skip(x))
+
+    layers: list[Any] = [nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU()]
+    cin = 16
+    for cout, stride in ((16, 1), (32, 2), (64, 2)):
+        layers += [Block(cin, cout, stride), Block(cout, cout, 1)]
+        cin = cout
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.1), nn.Linear(64, 10)]
+    model = nn.Sequential(*layers)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.2, 0.2)
+    return model.eval()
+
+
+def encoder_stack_module(layers: int = 4, d_model: int = 128, heads: int = 4) -> Any:
+    """``layers`` transformer encoder blocks (the tests' block, wider)."""
+    import torch
+    from models import tiny_transformer_module
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[tiny_transformer_module(d_model, heads) for _ in range(layers)]).eval()
+
+
+def export_unfolded(module: Any, example: Any, path: Path) -> Path:
+    """TorchScript export that keeps BatchNorm and constants as the module has them (no exporter folding)."""
+    import torch
+
+    torch.onnx.export(
+        module,
+        (example,),
+        str(path),
+        input_names=["input"],
+        output_names=["output"],
+        dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}},
+        opset_version=17,
+        dynamo=False,
+        training=torch.onnx.TrainingMode.PRESERVE,
+        do_constant_folding=False,
+    )
+    return path
+
+
+def mobilenet_v2(path: Path) -> Path:
+    """Keras MobileNetV2 (alpha 0.35, 96x96, random weights) converted by tf2onnx, as Kiln's keras route does."""
+    import keras
+    import onnx
+    import tensorflow as tf
+    import tf2onnx
+
+    keras.utils.set_random_seed(0)
+    model = keras.applications.MobileNetV2(input_shape=(96, 96, 3), alpha=0.35, weights=None)
+    spec = (tf.TensorSpec((None, 96, 96, 3), tf.float32, name="input"),)
+    proto, _ = tf2onnx.convert.from_keras(model, input_signature=spec, opset=17)
+    onnx.save(proto, str(path))
+    return path
+
+
+def build_models(tmp: Path) -> list[tuple[str, Callable[[], Path], tuple[int, ...]]]:
+    """Return (label, builder, input shape) per model; builders run lazily (``--only`` skips the rest)."""
+    import torch
+    from models import export_onnx, tiny_cnn_onnx, tiny_transformer_onnx
+
+    return [
+        ("tiny CNN (tests; exporter folded BN)", lambda: tiny_cnn_onnx(tmp / "cnn.onnx"), (1, 3, 32, 32)),
+        ("transformer block (tests; d=32, T=16)", lambda: tiny_transformer_onnx(tmp / "tr.onnx"), (1, 16, 32)),
+        (
+            "ResNet-ish, BN unfused (torch, no exporter folding; 64x64)",
+            lambda: export_unfolded(resnetish_module(), torch.randn(1, 3, 64, 64), tmp / "resnet.onnx"),
+            (1, 3, 64, 64),
+        ),
+        (
+            "4-block encoder (torch; d=128, T=64)",
+            lambda: export_onnx(encoder_stack_module(), torch.randn(1, 64, 128), tmp / "enc.onnx"),
+            (1, 64, 128),
+        ),
+        ("MobileNetV2 0.35 (keras -> tf2onnx; 96x96)", lambda: mobilenet_v2(tmp / "mnv2.onnx"), (1, 96, 96, 3)),
+    ]
+
+
+# --- the three optimisers ---------------------------------------------------------------
+
+
+def run_kiln(model: Any, _path: Path, _tmp: Path) -> Any:
+    from services.passes import optimize_model
+
+    return optimize_model(model)[0]
+
+
+def run_onnxslim(model: Any, _path: Path, _tmp: Path) -> Any:
+    import onnxslim
+
+    return onnxslim.slim(model)
+
+
+def run_ort_basic(_model: Any, path: Path, tmp: Path) -> Any:
+    """onnxruntime's basic (hardware-independent) level, written out with optimized_model_filepath."""
+    import onnx
+    import onnxruntime as ort
+
+    out = tmp / f"{path.stem}.ort_basic.onnx"
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    opts.optimized_model_filepath = str(out)
+    opts.log_severity_level = 3
+    ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    return onnx.load(str(out))
+
+
+TOOLS: dict[str, Callable[[Any, Path, Path], Any]] = {
+    "Kiln": run_kiln,
+    "onnxslim": run_onnxslim,
+    "ORT basic": run_ort_basic,
+}
+
+
+# --- measuring --------------------------------------------------------------------------
+
+
+@dataclass
+class Variant:
+    label: str
+    model: Any
+    nodes: int
+    seconds: float = 0.0
+    session: Any = None
+    rounds: list[float] = field(default_factory=list)
+
+
+def node_count(model: Any) -> tuple[int, int]:
+    """Return (all nodes, nodes that are not Constant) of the main graph."""
+    ops = [n.op_type for n in model.graph.node]
+    return len(ops), sum(op != "Constant" for op in ops)
+
+
+def session(model: Any, threads: int) -> Any:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def worst_relative_diff(a: Any, b: Any, feeds: list[dict[str, np.ndarray]]) -> float:
+    """Return max |a - b| / max |b| over outputs and feeds (sessions without ORT rewrites)."""
+    from services.passes.verify import ort_session
+
+    sa, sb = ort_session(a), ort_session(b)
+    worst = 0.0
+    for feed in feeds:
+        for x, y in zip(sa.run(None, feed), sb.run(None, feed), strict=True):
+            scale = float(np.max(np.abs(y))) or 1.0
+            worst = max(worst, float(np.max(np.abs(x.astype(np.float64) - y))) / scale)
+    return worst
+
+
+def time_once(v: Variant, feed: dict[str, np.ndarray], seconds: float) -> float:
+    """Return the median latency (ms) of as many runs as fit in ``seconds`` (at least 20)."""
+    for _ in range(3):
+        v.session.run(None, feed)
+    times = []
+    start = time.perf_counter()
+    while len(times) < 20 or time.perf_counter() - start < seconds:
+        t0 = time.perf_counter()
+        v.session.run(None, feed)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def ratio(a: Variant, base: Variant) -> str:
+    rs = [x / y for x, y in zip(a.rounds, base.rounds, strict=True)]
+    return f"{statistics.median(rs):.3f} ({min(rs):.2f}-{max(rs):.2f})"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--seconds", type=float, default=0.3, help="timed seconds per variant per round")
+    ap.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads")
+    ap.add_argument("--only", help="substring of the model labels to run")
+    args = ap.parse_args()
+
+    import onnx
+
+    nodes_table = [
+        "| model | original nodes | Kiln | onnxslim | ORT basic | optimiser time Kiln / onnxslim / ORT basic (ms) "
+        "| worst rel. diff Kiln / onnxslim / ORT basic |",
+        "|---|---:|---:|---:|---:|---|---|",
+    ]
+    latency_table = [
+        f"| model | original p50 ms | Kiln / original | onnxslim / original | ORT basic / original "
+        f"| Kiln / best other |  (threads={args.threads}, rounds={args.rounds}, median (min-max) of per-round ratios)",
+        "|---|---:|---|---|---|---|",
+    ]
+    with tempfile.TemporaryDirectory(prefix="kiln-bench-opt-") as tmpdir:
+        tmp = Path(tmpdir)
+        for label, build, shape in build_models(tmp):
+            if args.only and args.only not in label:
+                continue
+            print(f"... {label}", file=sys.stderr)
+            path = build()
+            original = onnx.load(str(path))
+            rng = np.random.default_rng(0)
+            feed = {original.graph.input[0].name: rng.standard_normal(shape).astype(np.float32)}
+            check_feeds = [feed, {k: rng.standard_normal(shape).astype(np.float32) for k in feed}]
+            variants = [Variant("original", original, node_count(original)[0])]
+            counts, times, diffs = [], [], []
+            for tool, fn in TOOLS.items():
+                started = time.perf_counter()
+                optimised = fn(original, path, tmp)
+                elapsed = time.perf_counter() - started
+                total, real = node_count(optimised)
+                variants.append(Variant(tool, optimised, total, elapsed))
+                counts.append(f"{total} ({real})" if real != total else str(total))
+                times.append(f"{elapsed * 1e3:.0f}")
+                diffs.append(f"{worst_relative_diff(optimised, original, check_feeds):.1e}")
+            total, real = node_count(original)
+            nodes_table.append(
+                f"| {label} | {total} ({real}) | "
+                + " | ".join(counts)
+                + f" | {' / '.join(times)} | {' / '.join(diffs)} |"
+            )
+            for v in variants:
+                v.session = session(v.model, args.threads)
+            for r in range(args.rounds):
+                for v in variants if r % 2 == 0 else list(reversed(variants)):
+                    v.rounds.append(time_once(v, feed, args.seconds))
+            base, kiln, slim, ort_basic = variants
+            best_other = min((slim, ort_basic), key=lambda v: statistics.median(v.rounds))
+            latency_table.append(
+                f"| {label} | {statistics.median(base.rounds):.3f} | {ratio(kiln, base)} | {ratio(slim, base)} "
+                f"| {ratio(ort_basic, base)} | {ratio(kiln, best_other)} vs {best_other.label} |"
+            )
+    print(f"Kiln ONNX optimiser benchmark — {time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} CPUs")
+    print("\nNode counts (in parentheses: without Constant nodes), optimiser time, agreement with the original:\n")
+    print("\n".join(nodes_table))
+    print("\nonnxruntime latency (session default ORT_ENABLE_ALL) as a ratio to the original model:\n")
+    print("\n".join(latency_table))
+
+
+if __name__ == "__main__":
+    main()
