@@ -5,9 +5,9 @@
 2. Kiln's int8 IR (NNCF) against Kiln's fp32 IR: latency ratio and the parity cost
    (agreement with the source model on the same inputs Kiln's parity check uses).
 
-Every variant runs through the same OpenVINORunner (same request path), one after the
-other inside each round, for ``--rounds`` rounds: drift on a shared machine hits all
-variants alike, and the ratio is taken per round, then its median reported.
+Every variant runs through the same OpenVINORunner (same request path); the variants take
+turns run by run inside each of ``--rounds`` rounds, so load from other processes on a
+shared machine hits all of them alike; the ratio is taken per round, its median reported.
 
     .venv/bin/python benchmarks/bench_openvino.py [--rounds 7] [--seconds 0.4] [--threads 1]
 """
@@ -126,6 +126,15 @@ def parity_vs_source(onnx: Path, xml: Path, shape: tuple[int, ...]) -> dict[str,
     return {"max_abs": p.max_abs, "cosine": p.cosine, "top1": p.top1}
 
 
+def compute_ops(xml: Path) -> int:
+    """Return how many non-constant ops an IR holds (a rough measure of graph size)."""
+    import openvino as ov
+
+    return sum(
+        op.get_type_name() not in ("Constant", "Parameter", "Result") for op in ov.Core().read_model(str(xml)).get_ops()
+    )
+
+
 @dataclass
 class Variant:
     label: str
@@ -134,24 +143,28 @@ class Variant:
     rounds: list[float]
 
 
-def time_once(v: Variant, seconds: float) -> float:
-    """Return the median latency (ms) of as many runs as fit in ``seconds`` (at least 20)."""
-    for _ in range(3):
-        v.runner.run(v.feed)
-    times = []
-    start = time.perf_counter()
-    while len(times) < 20 or time.perf_counter() - start < seconds:
-        t0 = time.perf_counter()
-        v.runner.run(v.feed)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
-
-
 def interleave(variants: list[Variant], rounds: int, seconds: float) -> None:
-    for r in range(rounds):
-        order = variants if r % 2 == 0 else list(reversed(variants))  # no fixed "goes first" advantage
-        for v in order:
-            v.rounds.append(time_once(v, seconds))
+    """Time all variants run by run (A B C, C A B, ...) so load changes hit them alike.
+
+    Each round records every variant's median latency (ms) over the round's runs; a round
+    lasts about ``seconds`` per variant and has at least 20 runs of each.
+    """
+    for v in variants:
+        for _ in range(3):
+            v.runner.run(v.feed)
+    n = len(variants)
+    for _ in range(rounds):
+        times: list[list[float]] = [[] for _ in variants]
+        start = time.perf_counter()
+        i = 0
+        while i < 20 * n or time.perf_counter() - start < seconds * n:
+            k = (i + i // n) % n  # rotate who goes first each cycle
+            t0 = time.perf_counter()
+            variants[k].runner.run(variants[k].feed)
+            times[k].append(time.perf_counter() - t0)
+            i += 1
+        for v, ts in zip(variants, times, strict=True):
+            v.rounds.append(statistics.median(ts) * 1e3)
 
 
 def ratio(a: Variant, b: Variant) -> tuple[float, float, float]:
@@ -177,8 +190,9 @@ def main() -> None:
     optimize = optimizer_available()
     threads = args.threads or None
     table1 = [
-        "| model | batch | direct convert_model p50 ms | Kiln fp32 p50 ms | ratio Kiln/direct (min-max) | Kiln route |",
-        "|---|---|---|---|---|---|",
+        "| model | batch | direct convert_model p50 ms | Kiln fp32 p50 ms | ratio Kiln/direct (min-max) "
+        "| IR compute ops direct / Kiln | Kiln route |",
+        "|---|---|---|---|---|---|---|",
     ]
     table2 = [
         "| model | batch | fp32 p50 ms | int8 p50 ms | ratio int8/fp32 (min-max) "
@@ -200,6 +214,7 @@ def main() -> None:
             fp32_xml, route = kiln_artifact(onnx, "fp32", work, optimize)
             int8_xml, _ = kiln_artifact(onnx, "int8", work, optimize)
             direct_xml = direct_ir(onnx, work / "direct.xml")
+            ops = (compute_ops(direct_xml), compute_ops(fp32_xml))
             for name, xml in (("direct convert_model", direct_xml), ("Kiln fp32", fp32_xml), ("Kiln int8", int8_xml)):
                 p = parity_vs_source(onnx, xml, shape)
                 top1 = "n/a (not a classifier)" if p["top1"] is None else f"{p['top1']:.0%}"
@@ -225,7 +240,7 @@ def main() -> None:
                 r4 = ratio(kiln32_default, kiln32)
                 table1.append(
                     f"| {label} | {batch} | {med['direct']:.3f} | {med['kiln fp32']:.3f} "
-                    f"| **{r1[0]:.3f}** ({r1[1]:.2f}-{r1[2]:.2f}) | {route} |"
+                    f"| **{r1[0]:.3f}** ({r1[1]:.2f}-{r1[2]:.2f}) | {ops[0]} / {ops[1]} | {route} |"
                 )
                 table2.append(
                     f"| {label} | {batch} | {med['kiln fp32']:.3f} | {med['kiln int8']:.3f} "
@@ -236,8 +251,8 @@ def main() -> None:
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} logical CPUs"
     )
     print(
-        f"Settings: {args.rounds} interleaved rounds x {args.seconds}s per variant (median latency per round, "
-        f"ratio per round, median of ratios), inference threads {threads or 'plugin default'}, "
+        f"Settings: {args.rounds} rounds x ~{args.seconds}s per variant, variants alternating run by run "
+        f"(median latency per round, ratio per round, median of ratios, min-max over rounds), inference threads {threads or 'plugin default'}, "
         "INFERENCE_PRECISION_HINT f32 unless marked 'engine default', ONNX optimiser "
         f"{'on' if optimize else 'not installed: Kiln route without it'}.\n"
     )
