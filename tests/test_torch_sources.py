@@ -673,3 +673,47 @@ def test_torchscript_pickle_global_allowlist(module: str, name: str, allowed: bo
     from services.runners.torch_archives import _torchscript_global
 
     assert _torchscript_global(module, name) is allowed
+
+
+_SCALED_SOURCE = """
+from typing import Optional
+
+import torch
+
+
+class Scaled(torch.nn.Module):
+    def forward(self, x, mask: Optional[torch.Tensor] = None, scale: float = 2.0):
+        y = x * scale
+        return y if mask is None else y * mask
+"""
+
+
+def test_torchscript_defaulted_arguments_keep_defaults_unless_named(torch_dir) -> None:
+    import importlib.util
+
+    import torch
+
+    source = torch_dir / "scaled_module.py"  # TorchScript compiles from source files
+    source.write_text(_SCALED_SOURCE)
+    spec_ = importlib.util.spec_from_file_location("scaled_module", source)
+    module = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(module)
+    path = torch_dir / "scaled.pt"
+    torch.jit.script(module.Scaled()).save(str(path))
+    ones = np.ones((2, 4), np.float32)
+
+    runner = open_runner(
+        Format.TORCHSCRIPT, path, inputs=_spec(["onnxruntime"], inputs={"x": {"shape": [2, 4]}}).inputs
+    )
+    assert [t.name for t in runner.inputs] == ["x"]  # mask and scale keep their defaults
+    np.testing.assert_array_equal(runner.run({"x": ones})["output"], 2 * ones)
+
+    both = {"x": {"shape": [2, 4]}, "mask": {"shape": [2, 4]}}
+    runner = open_runner(Format.TORCHSCRIPT, path, inputs=_spec(["onnxruntime"], inputs=both).inputs)
+    assert [t.name for t in runner.inputs] == ["x", "mask"]
+    np.testing.assert_array_equal(runner.run({"x": ones, "mask": 0 * ones})["output"], 0 * ones)
+
+    with pytest.raises(InvalidSpec, match="scale: float"):
+        open_runner(
+            Format.TORCHSCRIPT, path, inputs=_spec(["onnxruntime"], inputs={**both, "scale": {"shape": []}}).inputs
+        )

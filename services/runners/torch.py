@@ -98,6 +98,38 @@ def _to_numpy(value: Any) -> np.ndarray:
     return np.asarray(value)
 
 
+def _fed_arguments(args: list[Any], given: dict[str, Any], what: str) -> list[str]:
+    """Return the forward() arguments Kiln feeds, positionally: the leading tensors.
+
+    An argument with a default keeps it (with all after it) unless the spec names it; a
+    required argument that is not a tensor cannot be fed.
+    """
+    names: list[str] = []
+    for a in args:
+        if a.has_default_value() and a.name not in given:
+            break
+        if str(a.type) not in ("Tensor", "Optional[Tensor]"):
+            raise InvalidSpec(
+                f"Kiln feeds tensors only; forward() of {what} takes {a.name}: {a.type}",
+                hint="Wrap the module so forward() takes only tensors, then script or trace it again.",
+            )
+        names.append(a.name)
+    rest = args[len(names) :]
+    late = [a.name for a in rest if a.name in given]
+    if late:
+        raise InvalidSpec(f"spec inputs {late} come after an argument of {what} that keeps its default")
+    required = [f"{a.name}: {a.type}" for a in rest if not a.has_default_value()]
+    if required:
+        raise InvalidSpec(f"Kiln feeds tensors only; forward() of {what} also requires {required}")
+    unknown = sorted(set(given) - {a.name for a in args})
+    if unknown:
+        raise InvalidSpec(
+            f"spec inputs {unknown} are not inputs of the model; forward() takes {[a.name for a in args]}",
+            hint=_INPUTS_HINT,
+        )
+    return names
+
+
 class TorchScriptRunner(ModelRunner):
     """A TorchScript module loaded with torch.jit.load after the archive was vetted."""
 
@@ -109,20 +141,8 @@ class TorchScriptRunner(ModelRunner):
             schema = self.module._c._get_method("forward").schema
         except RuntimeError as exc:
             raise SourceUnreadable(f"{Path(path).name} has no forward method") from exc
-        args = schema.arguments[1:]  # skip self
-        bad = [f"{a.name}: {a.type}" for a in args if str(a.type) != "Tensor"]
-        if bad:
-            raise InvalidSpec(
-                f"Kiln feeds tensors only; forward() of {Path(path).name} also takes {bad}",
-                hint="Wrap the module so forward() takes only tensors, then script or trace it again.",
-            )
-        names = [a.name for a in args]
         given = dict(inputs or {})
-        unknown = sorted(set(given) - set(names))
-        if unknown:
-            raise InvalidSpec(
-                f"spec inputs {unknown} are not inputs of the model; forward() takes {names}", hint=_INPUTS_HINT
-            )
+        names = _fed_arguments(schema.arguments[1:], given, Path(path).name)  # [0] is self
         traced = traced_inputs(Path(path))
         self.inputs = []
         missing = []
