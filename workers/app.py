@@ -110,6 +110,7 @@ def _register_step_task(app: Any, engine: str, settings: Settings) -> None:
     # step limits (and records TIMEOUT); these only catch a task stuck outside the child.
     @app.task(
         name=task_name(engine),
+        shared=False,  # belongs to this app only (tests build several apps in one process)
         bind=True,
         queue=queue_name(engine),
         acks_late=True,

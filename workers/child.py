@@ -53,7 +53,7 @@ _BASE_PRELOAD = (
 _S3_PRELOAD = ("services.storage.s3", "services.repository.s3")
 #: Engine libraries known to be safe to fork after import (they start no threads that matter).
 _ENGINE_PRELOAD = {
-    "onnxruntime": ("onnxruntime", "services.exporters.onnxruntime"),
+    "onnxruntime": ("onnxruntime", "services.exporters.onnxruntime", "services.passes.step"),
     "openvino": ("openvino", "onnxruntime", "services.exporters.openvino", "services.converters.openvino_ir"),
 }
 
@@ -201,6 +201,19 @@ def _child_main(req: StepRequest, conn: Any, log_path: Path) -> None:
     conn.close()
 
 
+def _uploaded_file(directory: Path, filename: str) -> Path:
+    """Return the uploaded file in a ``sources/<sha256>`` directory.
+
+    Keys are content addresses, so the same bytes uploaded earlier under another name share
+    the directory, which then holds the first upload's name: take its only file.
+    """
+    wanted = directory / filename
+    if wanted.exists():
+        return wanted
+    files = [p for p in directory.iterdir() if p.is_file() and not p.name.startswith(".kiln")]
+    return files[0] if len(files) == 1 else wanted
+
+
 def _run(req: StepRequest, progress: Callable[[str], None]) -> dict[str, Any]:
     from services.formats import Format, open_source
     from services.graph.planner import PlanStep
@@ -218,10 +231,10 @@ def _run(req: StepRequest, progress: Callable[[str], None]) -> dict[str, Any]:
     work = req.scratch / "work"
     work.mkdir(parents=True, exist_ok=True)
     override = Format(spec.source_format) if spec.source_format else None
-    source = open_source(src_dir / req.source_filename, work, override)
+    source = open_source(_uploaded_file(src_dir, req.source_filename), work, override)
     calibration_path = None
     if req.calibration_key and req.calibration_filename:
-        calibration_path = fetch_local(store, req.calibration_key, fetch_root) / req.calibration_filename
+        calibration_path = _uploaded_file(fetch_local(store, req.calibration_key, fetch_root), req.calibration_filename)
     repository = open_repository(settings) if step.kind == "publish" else None
     outcome = run_step(
         step,

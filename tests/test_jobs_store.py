@@ -1,0 +1,266 @@
+"""The job store on SQLite and on the real PostgreSQL: migrations, guarded transitions, recovery, tokens."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import update
+from test_jobs_support import migrated_pg
+
+from services.errors import ServiceUnavailable
+from services.formats import Format
+from services.graph.planner import plan_routes
+from services.jobs.migrate import upgrade
+from services.jobs.models import Job, JobStep
+from services.jobs.store import JobStore, NewJob, hash_token
+from services.spec import load_spec
+
+
+@pytest.fixture(scope="module")
+def sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    url = f"sqlite:///{tmp_path_factory.mktemp('jobs') / 'jobs.db'}"
+    upgrade(url)
+    return url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def jobs(request: pytest.FixtureRequest, sqlite_url: str) -> JobStore:
+    # One database per backend for the module; every test works on its own jobs.
+    return JobStore(sqlite_url if request.param == "sqlite" else migrated_pg())
+
+
+def _new_job(jobs: JobStore, targets: tuple[str, ...] = ("onnxruntime", "openvino")) -> str:
+    spec = load_spec({"targets": list(targets)})
+    plan = plan_routes(Format.ONNX, spec, default_name="cnn")
+    return jobs.create_job(
+        NewJob(
+            name="cnn",
+            spec=spec.model_dump(mode="json"),
+            plan=plan,
+            source_key="sources/abc",
+            source_sha256="ab" * 32,
+            source_filename="cnn.onnx",
+            source_format="onnx",
+        )
+    )
+
+
+def _run(jobs: JobStore, job_id: str, step_id: str, *, status: str = "succeeded", error: dict | None = None):
+    claim = jobs.claim_step(job_id, step_id, "w1", stale_after=60)
+    assert claim is not None, step_id
+    return jobs.finish_step(
+        job_id,
+        step_id,
+        claim.attempt,
+        status=status,
+        seconds=0.1,
+        artifact_key=f"steps/{step_id}" if status == "succeeded" else None,
+        meta={"parity": {"passed": True}} if step_id.startswith("export") else None,
+        error=error,
+    )
+
+
+def test_migrations_create_exactly_the_models(tmp_path: Path) -> None:
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    from services.jobs.db import get_engine
+    from services.jobs.models import Base
+
+    for url in (f"sqlite:///{tmp_path / 'm.db'}", migrated_pg()):
+        upgrade(url)
+        upgrade(url)  # idempotent
+        with get_engine(url).connect() as conn:
+            assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
+
+
+def test_steps_run_in_dependency_order_and_the_last_one_ends_the_job(jobs: JobStore) -> None:
+    job_id = _new_job(jobs)
+    first = jobs.advance(job_id)
+    # Only the reference step reads the source first; everything else waits for it.
+    assert first.queued == [("reference", "onnxruntime")]
+    adv = _run(jobs, job_id, "reference")
+    assert adv.queued == [("optimize", "onnxruntime")]
+    adv = _run(jobs, job_id, "optimize")
+    assert sorted(adv.queued) == [("export:onnxruntime", "onnxruntime"), ("optimize/onnx-to-openvino-ir", "openvino")]
+    for sid in ("export:onnxruntime", "publish:onnxruntime", "optimize/onnx-to-openvino-ir", "export:openvino"):
+        adv = _run(jobs, job_id, sid)
+        assert adv.final_status is None
+    adv = _run(jobs, job_id, "publish:openvino")
+    assert adv.final_status == "succeeded"
+    job = jobs.get_job(job_id)
+    assert job.status == "succeeded" and job.finished_at is not None and job.cached is False
+    assert {t: r["status"] for t, r in job.result.items()} == {"onnxruntime": "succeeded", "openvino": "succeeded"}
+    assert job.result["openvino"]["artifact"] == "steps/export:openvino"
+    assert [e.type for e in jobs.events(job_id)][-1] == "finished"
+
+
+def test_a_failed_step_skips_its_dependents_and_the_other_target_goes_on(jobs: JobStore) -> None:
+    job_id = _new_job(jobs)
+    jobs.advance(job_id)
+    _run(jobs, job_id, "reference")
+    _run(jobs, job_id, "optimize")
+    err = {"code": "PARITY_FAILED", "message": "too far", "hint": "h", "details": {"parity": {"passed": False}}}
+    adv = _run(jobs, job_id, "export:onnxruntime", status="failed", error=err)
+    assert adv.queued == []
+    job = jobs.get_job(job_id)
+    publish = next(s for s in job.steps if s.step_id == "publish:onnxruntime")
+    assert publish.status == "skipped" and publish.error["code"] == "PARITY_FAILED"
+    for sid in ("optimize/onnx-to-openvino-ir", "export:openvino"):
+        _run(jobs, job_id, sid)
+    adv = _run(jobs, job_id, "publish:openvino")
+    assert adv.final_status == "failed"
+    result = jobs.get_job(job_id).result
+    assert result["openvino"]["status"] == "succeeded"
+    assert result["onnxruntime"]["status"] == "failed"
+    assert result["onnxruntime"]["error"]["code"] == "PARITY_FAILED"
+    assert result["onnxruntime"]["parity"] == {"passed": False}
+
+
+def test_a_redelivered_step_is_not_run_twice(jobs: JobStore) -> None:
+    job_id = _new_job(jobs)
+    jobs.advance(job_id)
+    claim = jobs.claim_step(job_id, "reference", "w1", stale_after=60)
+    assert claim is not None and claim.attempt == 1
+    assert jobs.claim_step(job_id, "reference", "w2", stale_after=60) is None  # still running, fresh heartbeat
+    assert jobs.finish_step(job_id, "reference", 1, status="succeeded", seconds=0.1, artifact_key="steps/r")
+    assert jobs.claim_step(job_id, "reference", "w2", stale_after=60) is None  # done
+    assert jobs.claim_step(job_id, "export:openvino", "w2", stale_after=60) is None  # not queued yet
+
+
+def test_concurrent_advances_enqueue_each_step_once(jobs: JobStore) -> None:
+    job_id = _new_job(jobs)
+    jobs.advance(job_id)
+    _run(jobs, job_id, "reference")
+    claim = jobs.claim_step(job_id, "optimize", "w1", stale_after=60)
+    assert claim is not None
+    with jobs.write() as s:  # finish it without advancing, as if the worker died right after
+        s.execute(
+            update(JobStep)
+            .where(JobStep.job_id == job_id, JobStep.step_id == "optimize")
+            .values(status="succeeded", artifact_key="steps/opt")
+        )
+    queued: list[tuple[str, str]] = []
+    lock = threading.Lock()
+
+    def advance() -> None:
+        adv = jobs.advance(job_id)
+        with lock:
+            queued.extend(adv.queued)
+
+    threads = [threading.Thread(target=advance) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(queued) == [("export:onnxruntime", "onnxruntime"), ("optimize/onnx-to-openvino-ir", "openvino")]
+
+
+def test_a_step_whose_worker_stopped_heartbeating_is_requeued_and_taken_over(jobs: JobStore) -> None:
+    job_id = _new_job(jobs)
+    jobs.advance(job_id)
+    claim = jobs.claim_step(job_id, "reference", "dead-worker", stale_after=60)
+    assert claim is not None
+    assert jobs.requeue_stale(stale_after=60, lost_after=600) == []
+    with jobs.write() as s:
+        s.execute(
+            update(JobStep)
+            .where(JobStep.job_id == job_id, JobStep.step_id == "reference")
+            .values(heartbeat_at=JobStore.now() - timedelta(seconds=120))
+        )
+    assert jobs.requeue_stale(stale_after=60, lost_after=600) == [(job_id, "reference", "onnxruntime")]
+    taken = jobs.claim_step(job_id, "reference", "live-worker", stale_after=60)
+    assert taken is not None and taken.attempt == 2
+    # The dead worker's late result is refused; the live one's is recorded.
+    assert jobs.finish_step(job_id, "reference", 1, status="succeeded", seconds=1, artifact_key="steps/x") is None
+    assert jobs.heartbeat(job_id, "reference", 1) == (False, False)
+    assert jobs.finish_step(job_id, "reference", 2, status="succeeded", seconds=1, artifact_key="steps/y")
+    assert "step_requeued" in [e.type for e in jobs.events(job_id)]
+
+
+def test_a_queued_step_whose_message_was_lost_is_announced_again(jobs: JobStore) -> None:
+    job_id = _new_job(jobs)
+    jobs.advance(job_id)
+    with jobs.write() as s:
+        s.execute(
+            update(JobStep)
+            .where(JobStep.job_id == job_id, JobStep.step_id == "reference")
+            .values(queued_at=JobStore.now() - timedelta(seconds=1000))
+        )
+    found = jobs.requeue_stale(stale_after=60, lost_after=600)
+    assert (job_id, "reference", "onnxruntime") in found
+    assert jobs.requeue_stale(stale_after=60, lost_after=600) == []  # re-announced once per period
+
+
+def test_cancel_stops_queued_steps_and_tells_running_ones(jobs: JobStore) -> None:
+    job_id = _new_job(jobs)
+    jobs.advance(job_id)
+    claim = jobs.claim_step(job_id, "reference", "w1", stale_after=60)
+    assert claim is not None
+    assert jobs.cancel_job(job_id) is True
+    assert jobs.cancel_job(job_id) is False  # already final
+    assert jobs.heartbeat(job_id, "reference", 1) == (True, True)  # the worker learns to stop
+    job = jobs.get_job(job_id)
+    assert job.status == "cancelled"
+    assert {s.status for s in job.steps if s.step_id != "reference"} == {"cancelled"}
+    adv = jobs.finish_step(job_id, "reference", 1, status="cancelled", seconds=0.1, error={"code": "CANCELLED"})
+    assert adv is not None and adv.queued == []  # nothing runs after a cancel
+    assert jobs.get_job(job_id).status == "cancelled"
+
+
+def test_a_queued_job_cancelled_never_runs(jobs: JobStore) -> None:
+    job_id = _new_job(jobs)
+    jobs.advance(job_id)
+    jobs.cancel_job(job_id)
+    assert jobs.claim_step(job_id, "reference", "w1", stale_after=60) is None
+    assert next(s for s in jobs.get_job(job_id).steps if s.step_id == "reference").status == "cancelled"
+
+
+def test_fail_job_records_why(jobs: JobStore) -> None:
+    job_id = _new_job(jobs)
+    jobs.fail_job(job_id, ServiceUnavailable("broker down"))
+    job = jobs.get_job(job_id)
+    assert job.status == "failed" and job.error["code"] == "SERVICE_UNAVAILABLE"
+    assert [e.type for e in jobs.events(job_id)][-2:] == ["failed", "finished"]
+
+
+def test_list_jobs_filters_and_pages(jobs: JobStore) -> None:
+    ids = [_new_job(jobs, ("onnxruntime",)) for _ in range(3)]
+    jobs.cancel_job(ids[0])
+    page, count = jobs.list_jobs(status="cancelled", limit=10)
+    assert ids[0] in [j.id for j in page] and all(j.status == "cancelled" for j in page)
+    page, count = jobs.list_jobs(name="cnn", limit=2, offset=0)
+    assert len(page) == 2 and count >= 3
+    assert page[0].created_at >= page[1].created_at
+
+
+def test_tokens_are_stored_hashed_and_can_be_revoked(jobs: JobStore) -> None:
+    name = f"ci-{id(jobs)}-{threading.get_ident()}"
+    token = jobs.create_token(name, ["read"])
+    rec = jobs.verify_token(token)
+    assert rec is not None and rec.scopes == "read"
+    assert rec.token_sha256 == hash_token(token) and token not in rec.token_sha256
+    assert jobs.verify_token(token + "x") is None
+    assert jobs.revoke_token(name)
+    assert jobs.verify_token(token) is None
+
+
+def test_workers_are_live_while_they_heartbeat(jobs: JobStore) -> None:
+    host = f"w-{id(jobs)}"
+    jobs.worker_heartbeat(
+        host, engines=["onnxruntime"], versions={"onnxruntime": {"onnxruntime": "1"}}, pid=1, concurrency=2
+    )
+    assert host in [w.hostname for w in jobs.live_workers(30)]
+    jobs.worker_stopped(host)
+    assert host not in [w.hostname for w in jobs.live_workers(30)]
+
+
+def test_job_rows_round_trip_timezones(jobs: JobStore) -> None:
+    job_id = _new_job(jobs)
+    job = jobs.get_job(job_id)
+    assert job.created_at.tzinfo is not None
+    with jobs.read() as s:
+        assert s.get(Job, job_id).created_at == job.created_at

@@ -1,0 +1,309 @@
+"""Shared helpers for the service tests (no tests here): real PostgreSQL and Redis, processes, HTTP.
+
+PostgreSQL: a throwaway database per test session on 127.0.0.1:5432 (trust auth, user
+postgres), dropped at exit. Redis: database 13 on 127.0.0.1:6379, flushed at start and exit.
+Both are the machine's real servers (.ci/run starts them when they are not answering).
+Fixtures imported by several modules share one database through the cached helpers here.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TESTS_DIR = Path(__file__).resolve().parent
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+REDIS_URL = "redis://127.0.0.1:6379/13"
+KILN = str(REPO_ROOT / ".venv" / "bin" / "kiln")
+
+
+def _pg_up() -> bool:
+    try:
+        import psycopg
+
+        with psycopg.connect(PG_ADMIN, connect_timeout=3):
+            return True
+    except Exception:
+        return False
+
+
+@cache
+def pg_database() -> str:
+    """Create this session's PostgreSQL database (once per process); return its URL."""
+    if not _pg_up():
+        pytest.fail("PostgreSQL is not answering on 127.0.0.1:5432; run .ci/run, which starts it")
+    import psycopg
+
+    name = f"kiln_test_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+    def drop() -> None:
+        from services.jobs.db import _ENGINES
+
+        for engine in list(_ENGINES.values()):
+            if name in str(engine.url):
+                engine.dispose()
+        with contextlib.suppress(Exception), psycopg.connect(PG_ADMIN, autocommit=True) as c:
+            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    atexit.register(drop)
+    return f"postgresql://postgres@127.0.0.1:5432/{name}"
+
+
+@cache
+def migrated_pg() -> str:
+    from services.jobs.migrate import upgrade
+
+    url = pg_database()
+    upgrade(url)
+    return url
+
+
+@cache
+def redis_url() -> str:
+    """Return the test Redis database's URL, flushed now and at exit."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=3)
+    try:
+        client.flushdb()
+    except Exception:
+        pytest.fail("Redis is not answering on 127.0.0.1:6379; run .ci/run, which starts it")
+
+    def flush() -> None:
+        with contextlib.suppress(Exception):
+            client.flushdb()
+
+    atexit.register(flush)
+    return REDIS_URL
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> str:
+    """A migrated, throwaway PostgreSQL database for this session."""
+    return migrated_pg()
+
+
+@pytest.fixture(scope="session")
+def broker_url() -> str:
+    return redis_url()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def service_env(**kiln: Any) -> dict[str, str]:
+    """Return an environment for a `kiln` subprocess with the given KILN_* settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    for key, value in kiln.items():
+        env[f"KILN_{key.upper()}"] = str(value)
+    return env
+
+
+class Proc:
+    """A `kiln ...` subprocess in its own process group, logging to a file."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.args, self.log = args, log
+        self._fh = open(log, "ab")
+        self.popen = subprocess.Popen(
+            [KILN, *args], env=env, stdout=self._fh, stderr=subprocess.STDOUT, start_new_session=True, cwd=TESTS_DIR
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def kill_group(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the whole process group (worker, its forkserver and step children)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, sig)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self.alive():
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill_group(signal.SIGKILL)
+                self.popen.wait(5)
+        self.kill_group(signal.SIGKILL)  # stragglers of the group (forkserver, children)
+        self._fh.close()
+
+    def tail(self, n: int = 3000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+
+def wait_http(url: str, timeout: float = 60.0, proc: Proc | None = None) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and not proc.alive():
+            raise AssertionError(f"process died:\n{proc.tail()}")
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"{url} did not answer in {timeout}s" + (f":\n{proc.tail()}" if proc else ""))
+
+
+def wait_workers(base: str, engines: set[str], timeout: float = 90.0, procs: list[Proc] | None = None) -> None:
+    """Wait until GET /engines shows a live worker for each engine."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    body: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        for p in procs or []:
+            if not p.alive():
+                raise AssertionError(f"worker died:\n{p.tail()}")
+        body = httpx.get(f"{base}/engines", timeout=5).json()
+        live = {e["name"] for e in body["engines"] if e["workers"] > 0}
+        if engines <= live:
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"workers for {engines} not live: {json.dumps(body)[:500]}")
+
+
+def submit(
+    base: str,
+    model: Path,
+    spec: dict[str, Any],
+    *,
+    headers: dict[str, str] | None = None,
+    params: dict[str, str] | None = None,
+) -> Any:
+    """POST /compile as a pipeline would (multipart: model file + spec JSON); return the response."""
+    import httpx
+
+    with open(model, "rb") as fh:
+        files = {
+            "model": (model.name, fh, "application/octet-stream"),
+            "spec": (None, json.dumps(spec), "application/json"),
+        }
+        return httpx.post(f"{base}/compile", files=files, headers=headers, params=params, timeout=60)
+
+
+def read_sse(base: str, job_id: str, timeout: float = 120.0) -> list[dict[str, Any]]:
+    """Follow GET /jobs/{id}/events to its end; return the events' data in order."""
+    import httpx
+
+    events: list[dict[str, Any]] = []
+    with httpx.stream("GET", f"{base}/jobs/{job_id}/events", timeout=httpx.Timeout(timeout)) as r:
+        assert r.status_code == 200, r.read()
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[len("data: ") :]))
+    return events
+
+
+def wait_job(
+    base: str, job_id: str, timeout: float = 120.0, final: tuple[str, ...] = ("succeeded", "failed", "cancelled")
+) -> dict[str, Any]:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    job: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        try:
+            job = httpx.get(f"{base}/jobs/{job_id}", timeout=5).json()
+            if job.get("status") in final:
+                return job
+        except httpx.HTTPError:
+            pass  # the API may be restarting
+        time.sleep(0.2)
+    raise AssertionError(f"job {job_id} did not finish: {json.dumps(job)[:2000]}")
+
+
+@contextlib.contextmanager
+def running(procs: list[Proc]) -> Iterator[list[Proc]]:
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def python() -> str:
+    return sys.executable
+
+
+# --- step entries for provoking faults in a step child (loaded by "test_jobs_support:<name>") ---
+
+
+def ok_step(ctx: Any) -> Any:
+    """Write one file and report progress: a step that works."""
+    from services.artifacts import Artifact
+
+    ctx.progress("halfway there")
+    print("tool output line", flush=True)
+    (ctx.out_dir / "out.txt").write_text(ctx.source.sha256)
+    return Artifact(root=ctx.out_dir, kind="onnx", entry="out.txt", meta={"answer": 42})
+
+
+def segfault_step(ctx: Any) -> Any:
+    import ctypes
+
+    ctx.progress("about to crash")
+    ctypes.string_at(0)  # reads address 0: SIGSEGV
+
+
+def sigkill_step(ctx: Any) -> Any:
+    os.kill(os.getpid(), signal.SIGKILL)  # what the OOM killer does
+
+
+def stubborn_sleep_step(ctx: Any) -> Any:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # ignores the soft limit; only SIGKILL stops it
+    time.sleep(120)
+
+
+def sleep_step(ctx: Any) -> Any:
+    time.sleep(120)
+
+
+def raising_step(ctx: Any) -> Any:
+    raise RuntimeError("the converter could not handle op FancyOp")
+
+
+def slow_export_onnxruntime(ctx: Any) -> Any:
+    """The real onnxruntime exporter, held until $KILN_TEST_GATE/release exists (marks $KILN_TEST_GATE/started-N)."""
+    from services.exporters.onnxruntime import export_onnxruntime
+
+    gate = Path(os.environ["KILN_TEST_GATE"])
+    gate.mkdir(parents=True, exist_ok=True)
+    (gate / f"started-{os.getpid()}").touch()
+    deadline = time.monotonic() + 120
+    while not (gate / "release").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return export_onnxruntime(ctx)

@@ -1,0 +1,270 @@
+"""End to end, as a pipeline uses the service: real API and worker processes, HTTP all the way.
+
+Distributed: `kiln api` plus one `kiln worker` per engine (onnxruntime, openvino) on the real
+Redis and PostgreSQL. Embedded: `kiln serve` alone (SQLite, local directories, the
+filesystem broker). Both submit over HTTP, follow the SSE stream and download artifacts;
+the distributed one also survives an API restart and a worker SIGKILLed mid-conversion.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import signal
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from test_jobs_support import (
+    Proc,
+    free_port,
+    migrated_pg,
+    read_sse,
+    redis_url,
+    service_env,
+    submit,
+    wait_http,
+    wait_job,
+    wait_workers,
+)
+
+SPEC: dict[str, Any] = {
+    "targets": ["onnxruntime", "openvino"],
+    "benchmark": {"iterations": 5, "warmup": 1},
+    "validation": {"samples": 4},
+}
+
+
+@dataclasses.dataclass
+class Cluster:
+    base: str
+    port: int
+    root: Path
+    env: dict[str, Any]
+    api: Proc
+    workers: dict[str, Proc]
+
+    def start_api(self) -> Proc:
+        self.api = Proc(
+            ["api", "--port", str(self.port), "--no-access-log"],
+            service_env(cache_dir=self.root / "api-cache", **self.env),
+            self.root / "api.log",
+        )
+        wait_http(f"{self.base}/healthz", proc=self.api)
+        return self.api
+
+    def start_worker(self, engine: str) -> Proc:
+        n = len(list(self.root.glob(f"worker-{engine}-*.log")))
+        proc = Proc(
+            ["worker", "--engine", engine, "--concurrency", "2"],
+            service_env(cache_dir=self.root / f"cache-{engine}-{n}", **self.env),
+            self.root / f"worker-{engine}-{n}.log",
+        )
+        self.workers[engine] = proc
+        return proc
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    root = tmp_path_factory.mktemp("cluster")
+    port = free_port()
+    env = {
+        "database_url": migrated_pg(),
+        "broker_url": redis_url(),
+        "repository": str(root / "repo"),
+        "artifact_store": str(root / "store"),
+        "step_heartbeat_interval": 0.5,
+        "step_stale_after": 4,
+        "test_gate": str(root / "gate"),
+    }
+    c = Cluster(base=f"http://127.0.0.1:{port}", port=port, root=root, env=env, api=None, workers={})  # type: ignore[arg-type]
+    try:
+        for engine in ("onnxruntime", "openvino"):
+            c.start_worker(engine)
+        c.start_api()
+        wait_workers(c.base, {"onnxruntime", "openvino"}, procs=list(c.workers.values()))
+        yield c
+    finally:
+        for p in [c.api, *c.workers.values()]:
+            if p is not None:
+                p.stop()
+
+
+def _untar(content: bytes) -> dict[str, bytes]:
+    with tarfile.open(fileobj=io.BytesIO(content)) as tf:
+        return {m.name: tf.extractfile(m).read() for m in tf.getmembers() if m.isfile()}  # type: ignore[union-attr]
+
+
+def _check_finished_job(base: str, job_id: str, events: list[dict[str, Any]]) -> dict[str, Any]:
+    types = [e["type"] for e in events]
+    assert types[0] == "submitted" and types[1] == "planned" and types[-1] == "finished"
+    started = {e["step"]: e for e in events if e["type"] == "step_started"}
+    assert {"reference", "export:onnxruntime", "export:openvino", "publish:openvino"} <= set(started)
+    job = httpx.get(f"{base}/jobs/{job_id}").json()
+    assert job["status"] == "succeeded", job
+    for target in ("onnxruntime", "openvino"):
+        t = job["targets"][target]
+        assert t["status"] == "succeeded"
+        assert t["parity"]["passed"] is True and t["parity"]["outputs"][0]["cosine"] > 0.999
+        assert t["benchmark"] and t["benchmark"][0]["p50_ms"] > 0
+        assert t["published"]["version"] >= 1
+    steps = {s["id"]: s for s in job["steps"]}
+    assert steps["optimize/onnx-to-openvino-ir"]["queue"] == "kiln.openvino"
+    assert steps["export:onnxruntime"]["queue"] == "kiln.onnxruntime"
+    assert all(s["seconds"] is not None and s["finished_at"] for s in steps.values())
+    tars = {t: _untar(httpx.get(f"{base}{job['targets'][t]['download_url']}").content) for t in job["targets"]}
+    assert any(n.endswith("/model.onnx") for n in tars["onnxruntime"])
+    assert any(n.endswith("/model.xml") for n in tars["openvino"]) and any(
+        n.endswith("/model.bin") for n in tars["openvino"]
+    )
+    return job
+
+
+def test_a_pipeline_submits_follows_and_downloads_across_two_engine_workers(cluster: Cluster, cnn_onnx: Path) -> None:
+    r = submit(cluster.base, cnn_onnx, SPEC)
+    assert r.status_code == 202, r.text
+    job_id = r.json()["id"]
+    assert r.headers["location"] == f"/jobs/{job_id}"
+    events = read_sse(cluster.base, job_id)
+    job = _check_finished_job(cluster.base, job_id, events)
+    # The steps ran on both engines' workers: conversion hops crossed queues.
+    workers = {s["engine"]: s["worker"] for s in job["steps"]}
+    assert workers["openvino"] != workers["onnxruntime"]
+    assert any(e["type"] == "progress" for e in events)
+    repo = httpx.get(f"{cluster.base}/repository").json()
+    names = {m["name"]: m for m in repo["models"]}
+    assert names["cnn-openvino"]["target"] == "openvino" and names["cnn-onnxruntime"]["versions"][0]["job_id"] == job_id
+    engines = {e["name"]: e for e in httpx.get(f"{cluster.base}/engines").json()["engines"]}
+    assert engines["openvino"]["workers"] == 1 and engines["openvino"]["versions"]["openvino"]
+    logs = httpx.get(f"{cluster.base}/jobs/{job_id}/logs").text
+    assert "step_finished" in logs and "export:openvino" in logs
+
+
+def test_an_identical_resubmission_completes_from_the_cache_in_under_a_second(cluster: Cluster, cnn_onnx: Path) -> None:
+    job_id = submit(cluster.base, cnn_onnx, SPEC).json()["id"]
+    job = wait_job(cluster.base, job_id)
+    assert job["status"] == "succeeded"
+    assert job["cached"] is True
+    assert all(s["cached"] for s in job["steps"]), [(s["id"], s["cached"]) for s in job["steps"]]
+    assert job["server_seconds"] < 1.0, job["server_seconds"]
+    # Nothing was published again: the versions are the first job's.
+    assert {t["published"]["version"] for t in job["targets"].values()} == {1}
+
+
+def test_a_corrupt_model_fails_its_job_with_source_unreadable(cluster: Cluster, cnn_onnx: Path, tmp_path: Path) -> None:
+    truncated = tmp_path / "truncated.onnx"
+    truncated.write_bytes(cnn_onnx.read_bytes()[:300])
+    r = submit(cluster.base, truncated, {"targets": ["onnxruntime"]})
+    assert r.status_code == 202
+    job = wait_job(cluster.base, r.json()["id"])
+    assert job["status"] == "failed"
+    assert job["targets"]["onnxruntime"]["error"]["code"] == "SOURCE_UNREADABLE"
+    ref = next(s for s in job["steps"] if s["id"] == "reference")
+    assert ref["status"] == "failed" and ref["error"]["code"] == "SOURCE_UNREADABLE"
+    assert {s["status"] for s in job["steps"] if s["id"] != "reference"} == {"skipped"}
+
+
+def test_restarting_the_api_mid_job_loses_nothing(cluster: Cluster, cnn_onnx: Path) -> None:
+    r = submit(cluster.base, cnn_onnx, SPEC, params={"cache": "false"})
+    job_id = r.json()["id"]
+    cluster.api.stop()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{cluster.base}/healthz")
+    cluster.start_api()
+    events = read_sse(cluster.base, job_id)
+    job = _check_finished_job(cluster.base, job_id, events)
+    assert not any(s["cached"] for s in job["steps"] if s["kind"] != "publish")
+    assert {t["published"]["version"] for t in job["targets"].values()} == {2}
+
+
+def test_a_worker_sigkilled_mid_conversion_loses_no_job(cluster: Cluster, cnn_onnx: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+    from services.graph.registry import Registry, default_registry
+    from services.settings import Settings
+    from services.spec import TargetName
+    from workers.app import create_celery_app
+
+    # The same service, with the onnxruntime exporter held at a gate until the test opens it.
+    reg = Registry()
+    for conv in default_registry().converters:
+        reg.add_converter(conv)
+    for exp in default_registry().exporters:
+        if exp.target is TargetName.ONNXRUNTIME:
+            exp = dataclasses.replace(exp, entry="test_jobs_support:slow_export_onnxruntime")
+        reg.add_exporter(exp)
+    settings = Settings(
+        cache_dir=cluster.root / "inproc-cache", **{k: v for k, v in cluster.env.items() if k != "test_gate"}
+    )
+    app = create_app(settings, create_celery_app(settings), registry=reg)
+    gate = Path(cluster.env["test_gate"])
+    with TestClient(app) as client:
+        with open(cnn_onnx, "rb") as fh:
+            r = client.post(
+                "/compile",
+                files={
+                    "model": ("killme.onnx", fh),
+                    "spec": (None, '{"targets": ["onnxruntime"], "benchmark": false}'),
+                },
+                params={"cache": "false"},
+            )
+        assert r.status_code == 202, r.text
+        job_id = r.json()["id"]
+        deadline = time.monotonic() + 90
+        while not list(gate.glob("started-*")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert list(gate.glob("started-*")), client.get(f"/jobs/{job_id}/logs").text
+        victim = cluster.workers["onnxruntime"]
+        victim.kill_group(signal.SIGKILL)  # the worker, its forkserver and the converting child
+        victim.popen.wait(10)
+        (gate / "release").touch()
+        replacement = cluster.start_worker("onnxruntime")
+        deadline = time.monotonic() + 120
+        job: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            job = client.get(f"/jobs/{job_id}").json()
+            if job["status"] in ("succeeded", "failed"):
+                break
+            assert replacement.alive(), replacement.tail()
+            time.sleep(0.3)
+        assert job["status"] == "succeeded", job
+        export = next(s for s in job["steps"] if s["id"] == "export:onnxruntime")
+        assert export["attempt"] == 2 and export["worker"] != job["steps"][0]["worker"]
+        events = client.get(f"/jobs/{job_id}/logs").text
+        assert "step_requeued" in events and "stopped heartbeating" in events
+        assert job["targets"]["onnxruntime"]["parity"]["passed"] is True
+
+
+@pytest.fixture(scope="module")
+def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Proc, Path]]:
+    root = tmp_path_factory.mktemp("embedded")
+    port = free_port()
+    proc = Proc(
+        ["serve", "--port", str(port), "--repo", str(root / "repo")],
+        service_env(cache_dir=root / "cache"),
+        root / "serve.log",
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{base}/healthz", proc=proc)
+        wait_workers(base, {"onnxruntime", "openvino"}, procs=[proc])
+        yield base, proc, root
+    finally:
+        proc.stop()
+
+
+def test_the_same_flow_passes_in_the_embedded_default(embedded: tuple[str, Proc, Path], cnn_onnx: Path) -> None:
+    base, _, root = embedded
+    ready = httpx.get(f"{base}/readyz").json()
+    assert ready == {"status": "ready", "checks": {"broker": "ok", "database": "ok", "storage": "ok"}}
+    job_id = submit(base, cnn_onnx, SPEC).json()["id"]
+    _check_finished_job(base, job_id, read_sse(base, job_id))
+    assert (root / "repo" / "cnn-openvino" / "1" / "model.xml").exists()
+    assert (root / "cache" / "kiln.db").exists()  # SQLite, no server
+    again = wait_job(base, submit(base, cnn_onnx, SPEC).json()["id"])
+    assert again["cached"] is True and again["server_seconds"] < 1.0, again["server_seconds"]

@@ -1,0 +1,208 @@
+"""Workers: the child-process step runner (crashes, limits, cancel), the engine probe, task declarations."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_jobs_support import KILN, TESTS_DIR, service_env
+
+from services.errors import KilnError
+from services.graph.engines import ENGINES, queue_name
+from services.graph.planner import PlanStep
+from services.settings import Settings
+from services.storage import LocalArtifactStore
+from workers import child
+from workers.child import StepRequest, run_in_child
+
+# Step children import the fault-provoking entries from tests/; the forkserver (started by
+# the first child of this process) inherits this path.
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS_DIR), os.environ.get("PYTHONPATH")) if p)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory, cnn_onnx: Path) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("workers")
+    settings = Settings(cache_dir=root / "cache", artifact_store=str(root / "store"), repository=str(root / "repo"))
+    store = LocalArtifactStore(root / "store")
+    upload = root / "upload"
+    upload.mkdir()
+    shutil.copy(cnn_onnx, upload / "cnn.onnx")
+    store.put_dir("sources/cnn", upload)
+    return {"root": root, "settings": settings, "store": store}
+
+
+def _request(env: dict[str, Any], entry: str, name: str) -> StepRequest:
+    step = PlanStep(
+        id=f"convert-{name}",
+        kind="convert",
+        engine="onnxruntime",
+        entry=entry,
+        inputs={"model": "source"},
+        tool="test tool",
+    )
+    return StepRequest(
+        job_id="job-" + name,
+        step=step.to_dict(),
+        spec={"targets": ["onnxruntime"], "benchmark": False},
+        source_key="sources/cnn",
+        source_filename="cnn.onnx",
+        input_keys={},
+        settings=env["settings"],
+        scratch=env["root"] / "scratch" / name,
+        use_cache=False,
+    )
+
+
+def _run(env: dict[str, Any], entry: str, name: str, **kw: Any):
+    kw.setdefault("soft_limit", 60)
+    kw.setdefault("hard_limit", 90)
+    return run_in_child(_request(env, f"test_jobs_support:{entry}", name), **kw)
+
+
+def test_a_working_step_reports_progress_output_and_its_artifact(env: dict[str, Any]) -> None:
+    progress: list[str] = []
+    res = _run(env, "ok_step", "ok", on_progress=progress.append)
+    assert res.ok, res.error
+    assert progress == ["halfway there"]
+    assert res.meta["answer"] == 42 and res.key and env["store"].exists(res.key)
+    assert (env["store"].local_path(res.key) / "out.txt").read_text() != ""
+    assert "tool output line" in res.log
+
+
+def test_a_segfaulting_converter_fails_its_step_and_the_worker_lives_on(env: dict[str, Any]) -> None:
+    res = _run(env, "segfault_step", "segv")
+    assert not res.ok
+    assert res.error["code"] == "CONVERSION_FAILED"
+    assert "SIGSEGV" in res.error["message"] and "test tool" in res.error["message"]
+    assert "Segmentation fault" in res.error["details"]["output_tail"]  # faulthandler's dump
+    assert res.error["details"]["exit_code"] == -11
+    again = _run(env, "ok_step", "after-segv")  # same process, same forkserver: still works
+    assert again.ok
+
+
+def test_a_step_killed_like_by_the_oom_killer_names_the_signal(env: dict[str, Any]) -> None:
+    res = _run(env, "sigkill_step", "oom")
+    assert res.error["code"] == "CONVERSION_FAILED"
+    assert "SIGKILL" in res.error["message"] and "out of memory" in res.error["message"]
+
+
+def test_a_python_error_in_a_converter_is_conversion_failed_with_its_traceback(env: dict[str, Any]) -> None:
+    res = _run(env, "raising_step", "raise")
+    assert res.error["code"] == "CONVERSION_FAILED"
+    assert "FancyOp" in res.error["message"]
+    assert "RuntimeError" in res.error["details"]["output_tail"]
+
+
+def test_soft_then_hard_time_limit_stop_a_step_that_ignores_sigterm(env: dict[str, Any]) -> None:
+    started = time.monotonic()
+    res = _run(env, "stubborn_sleep_step", "timeout", soft_limit=1.0, hard_limit=2.0)
+    elapsed = time.monotonic() - started
+    assert res.error["code"] == "TIMEOUT"
+    assert "time limit of 1s" in res.error["message"]
+    assert elapsed < 30  # stopped long before the step's 120 s sleep would end
+
+
+def test_cancel_kills_the_running_child(env: dict[str, Any]) -> None:
+    calls = []
+
+    def tick() -> str | None:
+        calls.append(time.monotonic())
+        return "cancel" if len(calls) >= 2 else None
+
+    started = time.monotonic()
+    res = _run(env, "sleep_step", "cancel", tick=tick, tick_interval=0.2)
+    assert res.error["code"] == "CANCELLED"
+    assert time.monotonic() - started < 30
+
+
+def test_a_step_taken_over_elsewhere_is_dropped_without_a_result(env: dict[str, Any]) -> None:
+    res = _run(env, "sleep_step", "lost", tick=lambda: "lost", tick_interval=0.2)
+    assert res.lost and not res.ok and res.error is None
+
+
+def test_forkserver_preloads_the_engines_it_serves() -> None:
+    mods = child.preload_modules(["onnxruntime", "openvino", "tensorflow"])
+    assert "onnxruntime" in mods and "openvino" in mods
+    assert "tensorflow" not in mods and "torch" not in mods  # not fork-safe after import
+    assert mods.index("workers._forkserver_main") < mods.index("numpy")
+
+
+def test_the_probe_refuses_an_engine_whose_sdk_is_missing() -> None:
+    from workers.probe import resolve_engines
+
+    installed = resolve_engines([])
+    assert "onnxruntime" in installed and "openvino" in installed
+    with pytest.raises(KilnError) as exc:
+        resolve_engines(["tensorrt-cu13"])
+    assert exc.value.code == "ENGINE_UNAVAILABLE" and "tensorrt" in exc.value.message
+    with pytest.raises(KilnError):
+        resolve_engines(["no-such-engine"])
+
+
+@pytest.mark.parametrize("engine", ["tensorrt-cu13", "no-such-engine"])
+def test_kiln_worker_refuses_to_start_on_a_missing_engine(engine: str, tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [KILN, "worker", "--engine", engine],
+        env=service_env(cache_dir=tmp_path, broker_url="redis://127.0.0.1:1/0"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "ENGINE_UNAVAILABLE" in proc.stderr and engine in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_each_engine_has_its_own_reliable_task_on_its_own_queue(tmp_path: Path) -> None:
+    import sqlalchemy.exc
+
+    from workers.app import create_celery_app
+    from workers.queues import task_name
+
+    settings = Settings(cache_dir=tmp_path, step_hard_time_limit=100)
+    app = create_celery_app(settings)
+    assert app.conf.broker_url == "filesystem://"  # no KILN_BROKER_URL: the embedded broker
+    assert app.conf.worker_prefetch_multiplier == 1 and app.conf.task_acks_late
+    assert {q.name for q in app.conf.task_queues} == {queue_name(e) for e in ENGINES}
+    for name in ENGINES:
+        task = app.tasks[task_name(name)]
+        assert task.queue == queue_name(name)
+        assert task.acks_late and task.reject_on_worker_lost
+        assert task.soft_time_limit == 160 and task.time_limit == 220
+        assert sqlalchemy.exc.OperationalError in task.autoretry_for
+        assert not any(issubclass(KilnError, e) for e in task.autoretry_for)  # user errors never retry
+
+
+def test_only_transient_errors_are_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sqlalchemy.exc
+
+    import workers.tasks
+    from workers.app import create_celery_app
+    from workers.queues import task_name
+
+    app = create_celery_app(Settings(cache_dir=tmp_path))
+    task = app.tasks[task_name("onnxruntime")]
+
+    calls: list[str] = []
+
+    def db_blip(*_: Any, **__: Any) -> Any:
+        calls.append("db")
+        raise sqlalchemy.exc.OperationalError("SELECT 1", {}, Exception("connection reset"))
+
+    monkeypatch.setattr(workers.tasks, "execute_step", db_blip)
+    task.apply(args=["job", "step"])  # eager: retries run at once, then the error surfaces
+    assert len(calls) == task.max_retries + 1
+
+    def user_error(*_: Any, **__: Any) -> Any:
+        calls.append("user")
+        raise KilnError("not transient")
+
+    monkeypatch.setattr(workers.tasks, "execute_step", user_error)
+    assert task.apply(args=["job", "step"]).state == "FAILURE"
+    assert calls.count("user") == 1
