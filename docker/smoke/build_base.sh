@@ -51,6 +51,9 @@ path-exclude /usr/share/info/*
 path-exclude /usr/share/locale/*
 EOF
 
+# mktemp made the directory 0700, and it becomes the image's "/": non-root users could not
+# reach a single file.
+chmod 0755 "$rootfs"
 mkdir -p "$(dirname "$out")"
 tar --numeric-owner -C "$rootfs" -cf "$out.partial" .
 mv "$out.partial" "$out"
