@@ -228,6 +228,24 @@ def test_constant_folding_evaluates_constant_subexpressions() -> None:
     assert_same_outputs(model, out)
 
 
+def test_folded_transposed_weights_are_stored_plainly_and_deduplicated() -> None:
+    """Folding Transpose(W) leaves a numpy view; the initializer passes after it must cope."""
+    w = RNG.standard_normal((6, 5)).astype(np.float32)
+    nodes = [
+        helper.make_node("Transpose", ["w"], ["wt"], perm=[1, 0]),
+        helper.make_node("MatMul", ["x", "wt"], ["a"]),
+        helper.make_node("Transpose", ["w2"], ["wt2"], perm=[1, 0]),
+        helper.make_node("MatMul", ["x", "wt2"], ["b"]),
+        helper.make_node("Add", ["a", "b"], ["y"]),
+    ]
+    model = make_model(nodes, [f32("x", [3, 5])], [f32("y", [3, 6])], [const("w", w), const("w2", w.copy())])
+    out, report = optimize_model(model)
+    assert "Transpose" not in op_types(out)
+    assert len(out.graph.initializer) == 1  # the two equal weights became one
+    assert next(r for r in report.passes if r.name == "deduplicate_initializers").modified
+    assert_same_outputs(model, out)
+
+
 def reshape_by_dims_model() -> onnx.ModelProto:
     """What torch emits for x.view(x.size(0), x.size(1), 2, x.size(2) // 2): Shape/Gather/Div/Concat."""
     i64 = lambda name, v: const(name, np.array(v, np.int64))  # noqa: E731
@@ -459,6 +477,25 @@ def test_a_pass_that_changes_the_signature_breaks_its_contract() -> None:
         optimize_model(conv_bn_model(), [RenameOutput()])
     assert err.value.details["pass"] == "rename_output"
     assert "contract" in err.value.message and "renamed" in err.value.message
+
+
+class BogusRelu(KilnPass):
+    """Adds a Relu with two inputs: the signature is intact, onnx.checker is not."""
+
+    name = "bogus_relu"
+
+    def call(self, model: ir.Model) -> PassResult:
+        x = model.graph.inputs[0]
+        model.graph.append(ir.node("Relu", [x, x], name="bogus"))
+        return PassResult(model, True)
+
+
+def test_a_pass_that_makes_the_model_invalid_is_named() -> None:
+    with pytest.raises(ConversionFailed) as err:
+        optimize_model(conv_bn_model(), [ShapeInference(), BogusRelu(), FuseBatchNorm()])
+    assert err.value.details["pass"] == "bogus_relu"
+    assert err.value.details["passes_before"] == ["shape_inference"]
+    assert "onnx.checker" in err.value.message
 
 
 def test_pass_names_must_be_unique() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes.common as ir_common
 
@@ -157,5 +158,20 @@ class DeduplicateInitializers(SequencePass):
     def call(self, model: ir.Model) -> PassResult:
         # onnx_ir warns once per initializer that is also a graph input (it rightly skips
         # those); for pre-IR-4 models that is every weight. Nothing for an operator to act on.
+        _make_contiguous(model)
         with quiet_logger("onnx_ir.passes.common.initializer_deduplication"):
             return super().call(model)
+
+
+def _make_contiguous(model: ir.Model) -> None:
+    # Folding a Transpose leaves a numpy view as the constant; onnx_ir hashes raw buffers
+    # and refuses non-contiguous ones. Same values, laid out plainly.
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            if (
+                isinstance(tensor, ir.Tensor)
+                and isinstance(tensor.raw, np.ndarray)
+                and not tensor.raw.flags.c_contiguous
+            ):
+                value.const_value = ir.Tensor(np.ascontiguousarray(tensor.raw), dtype=tensor.dtype, name=tensor.name)

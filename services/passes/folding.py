@@ -19,6 +19,7 @@ from onnxscript.optimizer._constant_folding import (
 )
 
 from services.passes._base import KilnPass, PassResult, SequencePass, opset_version, quiet_logger
+from services.passes._noop_rules import constant_array
 from services.passes._rules import RulesPass
 
 __all__ = ["ConstantFolding", "FoldShapeDims", "InlineFunctions", "MaterializeReshapeShapes", "ShapeInference"]
@@ -209,7 +210,8 @@ def _static_dim(node: ir.Node) -> np.ndarray | None:
     producer = shape_value.producer() if shape_value is not None else None
     if producer is None or producer.op_type != "Shape" or producer.domain not in ("", "ai.onnx"):
         return None
-    if indices is None or indices.const_value is None or producer.inputs[0] is None:
+    idx = constant_array(indices)
+    if idx is None or producer.inputs[0] is None:
         return None
     data_shape = producer.inputs[0].shape
     if data_shape is None:
@@ -219,7 +221,6 @@ def _static_dim(node: ir.Node) -> np.ndarray | None:
     end = producer.attributes.get_int("end", rank)
     # Shape's start/end clamp like Python slicing; reuse it.
     dims = list(data_shape)[slice(start, end)]
-    idx = indices.const_value.numpy()
     if idx.dtype.kind not in "iu":
         return None
     flat = idx.reshape(-1).tolist()

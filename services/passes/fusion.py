@@ -179,6 +179,12 @@ class _ConvAffine(RewriteRuleClassBase):
         for value in conv.inputs[1:]:
             if value is not None and any(user is not conv for user, _ in value.uses()):
                 return result.fail(f"{value.name} is shared with another node")
+        if (
+            bias is None
+            and self.op_type == "Add"
+            and f"{conv.inputs[1].name}_bias" in getattr(context.graph_or_function, "initializers", {})
+        ):
+            return result.fail("the name for a new bias is taken")
         self._fused = self.fuse(weight, bias, vector)
         return result
 
