@@ -717,3 +717,14 @@ def test_torchscript_defaulted_arguments_keep_defaults_unless_named(torch_dir) -
         open_runner(
             Format.TORCHSCRIPT, path, inputs=_spec(["onnxruntime"], inputs={**both, "scale": {"shape": []}}).inputs
         )
+
+
+@pytest.mark.parametrize(("model", "kind"), [("cnn", "pt2"), ("bert", "traced")])
+def test_torch_onnx_goes_through_the_onnx_optimizer(model, kind, cnn, bert, shared_store, repository) -> None:
+    source = {"cnn": cnn, "bert": bert}[model][kind]
+    spec = _spec(["onnxruntime"], optimize=True)
+    result = _compile(source, spec, shared_store, repository)
+    target = result.targets["onnxruntime"]
+    assert target.status == "succeeded", target.error
+    assert target.route.endswith("→ onnx → optimize ⇒ onnxruntime")
+    _assert_passed(target.parity, "fp32")
