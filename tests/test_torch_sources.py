@@ -347,6 +347,27 @@ def test_cnn_torchscript_to_openvino_all_precisions(cnn, shared_store, repositor
         _assert_passed(meta["openvino"]["parity"], precision)
 
 
+def test_cnn_torchscript_to_tflite_and_tfserving(cnn, shared_store, repository, tmp_path) -> None:
+    for module in (
+        "services.converters.onnx_to_tensorflow",
+        "services.exporters.tflite",
+        "services.exporters.tfserving",
+    ):
+        pytest.importorskip(module, reason="the TensorFlow targets have not landed")
+    result = _compile(cnn["traced"], _spec(["tflite", "tfserving"]), shared_store, repository)
+    for name in ("tflite", "tfserving"):
+        target = result.targets[name]
+        assert target.status == "succeeded", target.error
+        assert result.plan.routes[name] == f"torchscript → onnx → savedmodel ⇒ {name}"
+        _assert_passed(target.parity, "fp32")
+    assert "torchscript-to-onnx/onnx-to-savedmodel" in result.plan.shared  # converted once for both
+    meta = _export_again(result, _spec(["tflite", "tfserving"], "fp16"), shared_store, repository, tmp_path)
+    _assert_passed(meta["tflite"]["parity"], "fp16")
+    _assert_passed(meta["tfserving"]["parity"], "fp16")
+    meta = _export_again(result, _spec(["tflite"], "int8"), shared_store, repository, tmp_path)
+    _assert_passed(meta["tflite"]["parity"], "int8")
+
+
 # --------------------------------------------------------------------------- pickles refused
 
 
