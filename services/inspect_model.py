@@ -87,7 +87,7 @@ def inspect_model(path: Path, work_dir: Path, override: Format | None = None) ->
     if source.format is Format.ONNX:
         inputs, outputs, opset, ops = _onnx_summary(source.path)
     else:
-        from services.errors import EngineUnavailable
+        from services.errors import EngineUnavailable, InvalidSpec
         from services.runners import open_runner
 
         if source.format is Format.OPENVINO_IR:
@@ -96,7 +96,8 @@ def inspect_model(path: Path, work_dir: Path, override: Format | None = None) ->
             runner = open_runner(source.format, source.path)
             inputs, outputs = runner.inputs, runner.outputs
             runner.close()
-        except EngineUnavailable as exc:
+        except (EngineUnavailable, InvalidSpec) as exc:
+            # A scripted TorchScript has no recorded shapes; inspect has no spec to give it.
             inputs, outputs = [], []
             notes.append(f"signature unavailable: {exc.message}")
     return ModelSummary(

@@ -44,10 +44,22 @@ class StepOutcome:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-def _spec_fingerprint(spec: CompileSpec, calibration_sha: str | None) -> dict[str, Any]:
-    # Naming and target choice do not change what a step computes; everything else may.
+#: Spec fields each kind of step depends on. Conversions ignore precision, tolerances and
+#: benchmark settings, so an fp16 or int8 job reuses the fp32 job's conversions and reference.
+_SPEC_FIELDS: dict[str, set[str] | None] = {
+    "reference": {"inputs", "validation", "calibration", "signature", "source_format"},
+    "convert": {"inputs", "opset", "signature", "source_format", "max_batch_size"},
+    "optimize": {"inputs", "opset", "signature", "source_format", "optimize"},
+    "export": None,  # everything but naming: precision, tolerances, benchmark, TensorRT settings...
+}
+
+
+def _spec_fingerprint(spec: CompileSpec, kind: str, calibration_sha: str | None) -> dict[str, Any]:
     body = spec.model_dump(mode="json", exclude={"name", "version", "targets"})
     body["calibration"] = calibration_sha
+    fields = _SPEC_FIELDS.get(kind)
+    if fields is not None:
+        body = {k: v for k, v in body.items() if k in fields}
     return body
 
 
@@ -60,7 +72,7 @@ def step_cache_key(
         "kind": step.kind,
         "options": step.options,
         "inputs": dict(sorted(input_keys.items())),
-        "spec": _spec_fingerprint(spec, calibration_sha),
+        "spec": _spec_fingerprint(spec, step.kind, calibration_sha),
         "tools": tool_versions(step.engine),
     }
     digest = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
@@ -77,7 +89,7 @@ def source_artifact(source: DetectedSource) -> Artifact:
 
 
 def _lineage(inputs: dict[str, Artifact], record: dict[str, Any]) -> list[dict[str, Any]]:
-    """Return the ordered, de-duplicated history of steps that led to an artifact."""
+    """Return the de-duplicated history of steps that led to an artifact, reference first."""
     seen: set[str] = set()
     out: list[dict[str, Any]] = []
     for art in inputs.values():
@@ -85,6 +97,7 @@ def _lineage(inputs: dict[str, Artifact], record: dict[str, Any]) -> list[dict[s
             if rec["step"] not in seen:
                 seen.add(rec["step"])
                 out.append(rec)
+    out.sort(key=lambda rec: rec.get("kind") != "reference")  # stable: chain order otherwise kept
     out.append(record)
     return out
 
