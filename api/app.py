@@ -76,7 +76,7 @@ def create_app(
 
 
 def _complete_openapi(app: FastAPI) -> None:
-    """Make sure CompileSpec (and what it references) is in the document's components.
+    """Put CompileSpec (and what it references) in the document's components, exactly as generated.
 
     POST /compile's multipart body refers to it; pydantic's own JSON Schema is the source, so
     the document shows exactly what `kiln schema` prints.
@@ -88,9 +88,10 @@ def _complete_openapi(app: FastAPI) -> None:
         doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
         schemas = doc.setdefault("components", {}).setdefault("schemas", {})
         spec_schema = CompileSpec.model_json_schema(ref_template="#/components/schemas/{model}")
+        # Replace FastAPI's rendering of these models with pydantic's own (it drops defaults).
         for name, sub in spec_schema.pop("$defs", {}).items():
-            schemas.setdefault(name, sub)
-        schemas.setdefault("CompileSpec", spec_schema)
+            schemas[name] = sub
+        schemas["CompileSpec"] = spec_schema
         app.openapi_schema = doc
         return doc
 

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from api.upload import Upload
-from services.errors import InvalidSpec, KilnError, ServiceUnavailable, SourceUnreadable
-from services.formats import open_source
+from services.errors import InvalidSpec, KilnError, ServiceUnavailable, SourceUnreadable, UnsupportedFormat
+from services.formats import open_source, safe_extract
+from services.formats.archives import archive_kind
 from services.graph.planner import plan_routes
 from services.graph.registry import Registry
 from services.jobs.store import JobStore, NewJob
@@ -26,6 +27,25 @@ from workers.queues import enqueue_steps
 __all__ = ["accept_job", "start_job"]
 
 log = logging.getLogger("kiln.api")
+
+
+def _open_vetted(path: Path, work: Path, override: Any) -> Any:
+    """Detect the upload; every archive's members are vetted, whatever it turns out to hold.
+
+    open_source extracts (and so vets) the archives it unpacks; an archive it does not
+    recognise, or one its loader reads whole (Keras, TorchScript, torch.export), is vetted
+    here, so ``..``, absolute paths, links and bombs are UNSAFE_INPUT in every case.
+    """
+    kind = archive_kind(path)
+    try:
+        source = open_source(path, work, override)
+    except UnsupportedFormat:
+        if kind:
+            safe_extract(path, work / "vet")
+        raise
+    if kind and source.path == path:
+        safe_extract(path, work / "vet")
+    return source
 
 
 def accept_job(
@@ -62,7 +82,7 @@ def accept_job(
     scratch_root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="detect-", dir=scratch_root) as tmp:
         # Detection and archive vetting (UNSAFE_INPUT) happen here, before anything is stored.
-        source = open_source(model.path, Path(tmp), spec.source_format)
+        source = _open_vetted(model.path, Path(tmp), spec.source_format)
         plan = plan_routes(source.format, spec, registry, default_name=default_model_name(model.path))
     source_key = f"sources/{model.sha256}"
     store.put_dir(source_key, model.path.parent)

@@ -2,7 +2,7 @@
 
 PostgreSQL: a throwaway database per test session on 127.0.0.1:5432 (trust auth, user
 postgres), dropped at exit. Redis: database 13 on 127.0.0.1:6379, flushed at start and exit.
-Both are the machine's real servers (.ci/run starts them when they are not answering).
+Redis databases 13 and 14 are used. Both are the machine's real servers (.ci/run starts them when they are not answering).
 Fixtures imported by several modules share one database through the cached helpers here.
 """
 
@@ -28,7 +28,7 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TESTS_DIR = Path(__file__).resolve().parent
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
-REDIS_URL = "redis://127.0.0.1:6379/13"
+REDIS_URL = "redis://127.0.0.1:6379/{db}"
 KILN = str(REPO_ROOT / ".venv" / "bin" / "kiln")
 
 
@@ -76,11 +76,12 @@ def migrated_pg() -> str:
 
 
 @cache
-def redis_url() -> str:
-    """Return the test Redis database's URL, flushed now and at exit."""
+def redis_url(db: int = 13) -> str:
+    """Return a test Redis database's URL (13: end-to-end, 14: API tests), flushed now and at exit."""
     import redis
 
-    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=3)
+    url = REDIS_URL.format(db=db)
+    client = redis.Redis.from_url(url, socket_connect_timeout=3)
     try:
         client.flushdb()
     except Exception:
@@ -91,18 +92,7 @@ def redis_url() -> str:
             client.flushdb()
 
     atexit.register(flush)
-    return REDIS_URL
-
-
-@pytest.fixture(scope="session")
-def pg_url() -> str:
-    """A migrated, throwaway PostgreSQL database for this session."""
-    return migrated_pg()
-
-
-@pytest.fixture(scope="session")
-def broker_url() -> str:
-    return redis_url()
+    return url
 
 
 def free_port() -> int:

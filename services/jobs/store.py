@@ -281,7 +281,10 @@ class JobStore:
         now = utcnow()
         cutoff = now - timedelta(seconds=stale_after)
         with self.write() as s:
-            job = self._lock_job(s, job_id)
+            try:
+                job = self._lock_job(s, job_id)
+            except NotFound:
+                return None  # a message for a job this store does not know (deleted, or another store's)
             if job.cancel_requested or job.status in FINAL_JOB_STATES:
                 return None
             row = s.get(JobStep, (job_id, step_id))

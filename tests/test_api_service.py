@@ -1,0 +1,191 @@
+"""The API around jobs: OpenAPI, bearer-token auth, dry-run planning, engines, probes, metrics, broker outage."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from test_jobs_support import redis_url
+
+from api.app import create_app
+from services.settings import Settings
+from services.spec import CompileSpec
+from workers.app import create_celery_app
+
+
+def _settings(root: Path, **kw: object) -> Settings:
+    base: dict[str, object] = {
+        "cache_dir": root / "cache",
+        "repository": str(root / "repo"),
+        "artifact_store": str(root / "store"),
+        "broker_url": redis_url(14),
+    }
+    return Settings(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+    settings = _settings(tmp_path_factory.mktemp("svc"))
+    with TestClient(create_app(settings, create_celery_app(settings))) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+    settings = _settings(tmp_path_factory.mktemp("auth"), auth_enabled=True)
+    with TestClient(create_app(settings, create_celery_app(settings))) as c:
+        yield c
+
+
+def test_the_openapi_document_is_complete_and_embeds_the_generated_spec_schema(client: TestClient) -> None:
+    doc = client.get("/openapi.json").json()
+    paths = doc["paths"]
+    for path, methods in {
+        "/compile": {"post"},
+        "/jobs": {"get"},
+        "/jobs/{job_id}": {"get", "delete"},
+        "/jobs/{job_id}/events": {"get"},
+        "/jobs/{job_id}/logs": {"get"},
+        "/jobs/{job_id}/artifacts/{target}": {"get"},
+        "/plan": {"post"},
+        "/engines": {"get"},
+        "/repository": {"get"},
+        "/healthz": {"get"},
+        "/readyz": {"get"},
+        "/metrics": {"get"},
+    }.items():
+        assert methods <= set(paths[path]), path
+    schemas = doc["components"]["schemas"]
+    generated = CompileSpec.model_json_schema(ref_template="#/components/schemas/{model}")
+    generated.pop("$defs")
+    assert schemas["CompileSpec"] == generated  # the schema `kiln schema` prints, not a copy of it
+    assert schemas["CompileSpec"]["required"] == ["targets"]
+    body = paths["/compile"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
+    assert body["properties"]["spec"] == {"$ref": "#/components/schemas/CompileSpec"}
+    assert body["properties"]["model"]["format"] == "binary" and body["required"] == ["model", "spec"]
+    assert {"413", "422", "400", "503"} <= set(paths["/compile"]["post"]["responses"])
+    assert set(schemas["JobPublic"]["properties"]["status"]["enum"]) == {
+        "queued",
+        "running",
+        "succeeded",
+        "failed",
+        "cancelled",
+    }
+    assert "TargetPublic" in schemas and "ErrorPublic" in schemas
+    # Every $ref resolves inside the document.
+    text = json.dumps(doc)
+    for ref in {part.split('"')[0] for part in text.split('"$ref": "#/components/schemas/')[1:]}:
+        assert ref in schemas, ref
+
+
+def test_health_probes_need_no_token_and_everything_else_does(secured: TestClient) -> None:
+    assert secured.get("/healthz").status_code == 200
+    assert secured.get("/readyz").status_code == 200
+    for method, path in (
+        ("GET", "/jobs"),
+        ("GET", "/engines"),
+        ("GET", "/metrics"),
+        ("POST", "/compile"),
+        ("GET", "/repository"),
+    ):
+        r = secured.request(method, path)
+        assert r.status_code == 401, (path, r.text)
+        assert r.json()["code"] == "UNAUTHORIZED" and r.headers["www-authenticate"] == "Bearer"
+    r = secured.get("/jobs", headers={"Authorization": "Bearer kiln_nope_nope"})
+    assert r.status_code == 401 and "unknown or revoked" in r.json()["message"]
+
+
+def test_a_read_token_reads_but_may_not_submit_or_cancel(secured: TestClient, cnn_onnx: Path) -> None:
+    jobs = secured.app.state.jobs  # type: ignore[attr-defined]
+    reader = {"Authorization": f"Bearer {jobs.create_token('reader', ['read'])}"}
+    writer = {"Authorization": f"Bearer {jobs.create_token('writer', ['write'])}"}
+    assert secured.get("/jobs", headers=reader).status_code == 200
+    files = {"model": ("m.onnx", cnn_onnx.read_bytes()), "spec": (None, '{"targets": ["onnxruntime"]}')}
+    r = secured.post("/compile", files=files, headers=reader)
+    assert r.status_code == 403 and r.json()["code"] == "FORBIDDEN" and "write" in r.json()["message"]
+    r = secured.post("/compile", files=files, headers=writer)
+    assert r.status_code == 202, r.text
+    job_id = r.json()["id"]
+    assert secured.delete(f"/jobs/{job_id}", headers=reader).status_code == 403
+    assert secured.delete(f"/jobs/{job_id}", headers=writer).status_code == 202
+    assert secured.get(f"/jobs/{job_id}", headers=writer).json()["status"] == "cancelled"
+    # Revoked tokens stop working (once the few-second verification cache has let go).
+    jobs.revoke_token("writer")
+    secured.app.state.token_cache._items.clear()  # type: ignore[attr-defined]
+    assert secured.get("/jobs", headers=writer).status_code == 401
+
+
+def test_plan_is_a_dry_run_naming_routes_and_queues(client: TestClient) -> None:
+    r = client.post("/plan", json={"source_format": "onnx", "spec": {"targets": ["onnxruntime", "openvino"]}})
+    assert r.status_code == 200, r.text
+    plan = r.json()
+    assert plan["routes"]["openvino"] == "onnx → optimize → openvino_ir ⇒ openvino"
+    assert plan["queues"] == ["kiln.onnxruntime", "kiln.openvino"]
+    assert "optimize" in plan["shared_steps"]
+    assert {s["id"] for s in plan["steps"]} >= {"reference", "export:openvino", "publish:onnxruntime"}
+    assert set(plan["engines_without_workers"]) == {"onnxruntime", "openvino"}  # no worker in this test
+    assert client.get("/jobs").json()["count"] == 0  # nothing was submitted
+
+
+def test_plan_explains_no_route_and_names_bad_fields(client: TestClient) -> None:
+    r = client.post("/plan", json={"source_format": "openvino_ir", "spec": {"targets": ["onnxruntime"]}})
+    assert r.status_code == 422
+    body = r.json()
+    assert body["code"] == "NO_ROUTE" and body["details"]["reachable_formats"] == ["openvino_ir"]
+    assert "openvino" in body["hint"]
+    r = client.post("/plan", json={"source_format": "onnx", "spec": {"targets": ["coreml"]}})
+    assert r.status_code == 422
+    body = r.json()
+    assert body["code"] == "INVALID_SPEC" and body["details"]["errors"][0]["field"] == "spec.targets.0"
+    assert "onnxruntime" in body["hint"] and "tensorrt" in body["hint"]
+
+
+def test_engines_lists_live_workers_and_their_versions(client: TestClient) -> None:
+    jobs = client.app.state.jobs  # type: ignore[attr-defined]
+    jobs.worker_heartbeat(
+        "kiln-openvino-1@test",
+        engines=["openvino"],
+        versions={"openvino": {"openvino": "2026.4.1"}},
+        pid=1,
+        concurrency=2,
+    )
+    body = client.get("/engines").json()
+    engines = {e["name"]: e for e in body["engines"]}
+    assert engines["openvino"] == {
+        "name": "openvino",
+        "queue": "kiln.openvino",
+        "workers": 1,
+        "versions": {"openvino": "2026.4.1"},
+    }
+    assert engines["tensorflow"]["workers"] == 0
+    assert [w["hostname"] for w in body["workers"]] == ["kiln-openvino-1@test"]
+    plan = client.post("/plan", json={"source_format": "onnx", "spec": {"targets": ["openvino"]}}).json()
+    assert plan["engines_without_workers"] == ["onnxruntime"]
+    jobs.worker_stopped("kiln-openvino-1@test")
+
+
+def test_metrics_count_requests_by_route_and_report_jobs_and_queues(client: TestClient) -> None:
+    client.get("/jobs/unknown-id")
+    text = client.get("/metrics").text
+    assert 'kiln_http_requests_total{method="GET",route="/jobs/{job_id}",status="404"}' in text
+    assert 'kiln_jobs{status="queued"}' in text
+    assert 'kiln_queue_messages{queue="kiln.onnxruntime"}' in text
+    assert "kiln_http_request_seconds_bucket" in text
+
+
+def test_a_broker_outage_is_503_on_readyz_and_submit_and_the_job_is_kept(tmp_path: Path, cnn_onnx: Path) -> None:
+    settings = _settings(tmp_path, broker_url="redis://127.0.0.1:1/0")
+    with TestClient(create_app(settings, create_celery_app(settings))) as c:
+        r = c.get("/readyz")
+        assert r.status_code == 503
+        checks = r.json()["checks"]
+        assert checks["database"] == "ok" and checks["storage"] == "ok" and checks["broker"] != "ok"
+        files = {"model": ("m.onnx", cnn_onnx.read_bytes()), "spec": (None, '{"targets": ["onnxruntime"]}')}
+        r = c.post("/compile", files=files)
+        assert r.status_code == 503 and r.json()["code"] == "SERVICE_UNAVAILABLE"
+        job_id = r.json()["details"]["job_id"]
+        job = c.get(f"/jobs/{job_id}").json()  # recorded, and says why it did not run
+        assert job["status"] == "failed" and job["error"]["code"] == "SERVICE_UNAVAILABLE"
