@@ -45,8 +45,8 @@ class EliminateNoOps(RulesPass):
         from services.passes import _noop_rules as g
 
         # Not taken from onnxscript's defaults, on purpose:
-        # - slice_split_rule: rewrites x[..., :h], x[..., h:] as Split(num_outputs=2), which
-        #   splits an odd last axis the other way round (ceil first) and needs opset 18;
+        # - slice_split_rule: checks begin1 == last_dim // 2 but emits Split(num_outputs=2),
+        #   which cuts an odd axis ceil-first, and needs opset 18 (merge_slices covers it);
         # - flatten_to_reshape_rule: trades one node for another;
         # - cast_cast_rule: replaced by a guarded version (double rounding).
         return [
