@@ -110,14 +110,18 @@ def direct_ir(onnx: Path, dst: Path) -> Path:
     return dst
 
 
-def parity_vs_source(onnx: Path, xml: Path, shape: tuple[int, ...]) -> dict[str, Any]:
-    """Return worst max_abs and cosine (and top-1) of an IR against onnxruntime on Kiln's 8 seeded samples."""
+def parity_vs_source(onnx: Path, xml: Path, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
+    """Return max_abs, cosine and top-1 of an IR against onnxruntime on 8 seeded normal samples.
+
+    Seed 0 reproduces Kiln's own parity samples, which are also int8's calibration samples
+    when no calibration file is given: that measure is in-sample. Another seed is held out.
+    """
     from services.runners.onnx import OnnxRuntimeRunner
     from services.runners.openvino import OpenVINORunner
     from services.spec import Tolerances
     from services.validation import compare_outputs
 
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     feeds = [{"input": rng.standard_normal(shape).astype(np.float32)} for _ in range(8)]
     src, art = OnnxRuntimeRunner(onnx), OpenVINORunner(xml)
     want = [src.run(f)["output"] for f in feeds]
@@ -133,6 +137,9 @@ def compute_ops(xml: Path) -> int:
     return sum(
         op.get_type_name() not in ("Constant", "Parameter", "Result") for op in ov.Core().read_model(str(xml)).get_ops()
     )
+
+
+HELD_OUT_SEED = 1234
 
 
 @dataclass
@@ -180,6 +187,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="OpenVINO inference threads (0 = plugin default)")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--only", help="substring of the model labels to run")
+    ap.add_argument("--parity-only", action="store_true", help="skip the latency tables")
     args = ap.parse_args()
 
     import nncf
@@ -200,8 +208,9 @@ def main() -> None:
         "|---|---|---|---|---|---|---|",
     ]
     table3 = [
-        "| model | variant | max_abs vs source | cosine vs source | top-1 agreement |",
-        "|---|---|---|---|---|",
+        "| model | variant | max_abs (Kiln's samples) | cosine | top-1 "
+        f"| max_abs (held out, seed {HELD_OUT_SEED}) | cosine | top-1 |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     with tempfile.TemporaryDirectory(prefix="kiln-bench-ov-") as tmpdir:
         tmp = Path(tmpdir)
@@ -216,10 +225,13 @@ def main() -> None:
             direct_xml = direct_ir(onnx, work / "direct.xml")
             ops = (compute_ops(direct_xml), compute_ops(fp32_xml))
             for name, xml in (("direct convert_model", direct_xml), ("Kiln fp32", fp32_xml), ("Kiln int8", int8_xml)):
-                p = parity_vs_source(onnx, xml, shape)
-                top1 = "n/a (not a classifier)" if p["top1"] is None else f"{p['top1']:.0%}"
-                table3.append(f"| {label} | {name} | {p['max_abs']:.2e} | {p['cosine']:.6f} | {top1} |")
-            for batch in args.batches:
+                cells = []
+                for seed in (0, HELD_OUT_SEED):
+                    p = parity_vs_source(onnx, xml, shape, seed)
+                    top1 = "n/a" if p["top1"] is None else f"{p['top1']:.0%}"
+                    cells.append(f"{p['max_abs']:.2e} | {p['cosine']:.6f} | {top1}")
+                table3.append(f"| {label} | {name} | {' | '.join(cells)} |")
+            for batch in [] if args.parity_only else args.batches:
                 feed = {"input": np.random.default_rng(1).standard_normal((batch, *shape[1:])).astype(np.float32)}
 
                 def variant(
@@ -260,7 +272,10 @@ def main() -> None:
     print("\n".join(table1) + "\n")
     print("### int8 (NNCF) vs fp32, both Kiln IR\n")
     print("\n".join(table2) + "\n")
-    print("### Parity cost (8 seeded samples vs onnxruntime on the source ONNX; f32 inference hint)\n")
+    print(
+        "### Parity cost vs onnxruntime on the source ONNX (8 samples each, f32 inference hint; "
+        "Kiln's samples = int8 calibration samples, so in-sample for int8)\n"
+    )
     print("\n".join(table3))
 
 

@@ -200,6 +200,9 @@ def test_default_route_with_optimizer_and_json_cli(transformer_onnx: Path, tmp_p
     ]
     assert manifest["passes"], "the optimizer's record reaches the manifest"
     assert manifest["parity"]["passed"] and manifest["parity"]["outputs"][0]["cosine"] >= 0.98
+    # The optimiser fuses attention, which OpenVINO imports as one SDPA op; detection sees it.
+    assert manifest["engine_details"]["int8"]["attention_detected"] is True
+    assert manifest["engine_details"]["int8"]["model_type"] == "transformer"
     types, _ = _ir_layers(repo / "enc" / "1" / "model.xml")
     assert types["FakeQuantize"] == manifest["engine_details"]["int8"]["fake_quantize_ops"] > 0
 
