@@ -122,10 +122,10 @@ def quantize_int8(model: Any, feeds: list[dict[str, np.ndarray]]) -> tuple[Any, 
     attention = detect_attention(model)
     # Transformers: ModelType.TRANSFORMER adds NNCF's transformer ignored patterns (around
     # Softmax, LayerNorm and the attention MatMuls) and SmoothQuant on MatMul inputs, whose
-    # outlier channels otherwise ruin per-tensor int8 scales;
-    # the MIXED preset makes activations asymmetric, since GELU/LayerNorm outputs are not
-    # centred on zero. CNNs: PERFORMANCE (symmetric everywhere) is what the CPU's int8
-    # kernels run fastest, and ReLU/BatchNorm activations quantise well symmetrically.
+    # outlier channels otherwise ruin per-tensor int8 scales; the MIXED preset makes
+    # activations asymmetric, since GELU/LayerNorm outputs are not centred on zero.
+    # CNNs: PERFORMANCE (symmetric everywhere, NNCF's default) needs no zero points in the
+    # int8 kernels, and post-ReLU activations lose nothing to a symmetric range.
     model_type = nncf.ModelType.TRANSFORMER if attention else None
     preset = nncf.QuantizationPreset.MIXED if attention else nncf.QuantizationPreset.PERFORMANCE
     with _quiet_nncf():
