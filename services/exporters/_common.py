@@ -36,10 +36,8 @@ def adapt_feed(feed: dict[str, np.ndarray], runner: ModelRunner) -> dict[str, np
 
 
 def calibration_feeds(ref: ReferenceData) -> tuple[list[dict[str, np.ndarray]], str]:
-    """Return the samples int8 calibration uses, and a label saying where they came from."""
-    if ref.inputs_from == "calibration":
-        return ref.inputs, "calibration file"
-    return ref.inputs, f"generated samples, not real data ({ref.inputs_from})"
+    """Return the samples int8 calibration uses (never the parity samples) and where they came from."""
+    return ref.calibration, ref.calibration_from
 
 
 def finish_export(
