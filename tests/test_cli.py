@@ -64,7 +64,7 @@ def test_invalid_spec_and_unknown_target(cnn_onnx: Path, tmp_path: Path) -> None
     assert proc.returncode == 2
     assert "INVALID_SPEC" in proc.stderr and "onnxruntime" in proc.stderr
     spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({"targets": ["tfserving"], "precision": "int8"}))
+    spec.write_text(json.dumps({"targets": ["onnxruntime"], "source_format": "tensorrt_plan"}))
     proc = run("compile", str(cnn_onnx), "--spec", str(spec), "--repo", str(tmp_path / "r"))
     assert proc.returncode == 2
     assert "NO_ROUTE" in proc.stderr

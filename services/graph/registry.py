@@ -157,14 +157,15 @@ def _converters() -> Iterable[Converter]:
 def _exporters() -> Iterable[Exporter]:
     F = Format
     P = Precision
-    fp = frozenset({P.FP32, P.FP16})
     return (
         Exporter(TargetName.ONNXRUNTIME, "onnxruntime", {F.ONNX: 1.0}, "services.exporters.onnxruntime:export_onnxruntime", artifact_format=F.ONNX),
         Exporter(TargetName.OPENVINO, "openvino", {F.OPENVINO_IR: 1.0}, "services.exporters.openvino:export_openvino", artifact_format=F.OPENVINO_IR),
         Exporter(
             TargetName.TFLITE,
             "tensorflow",
-            {F.KERAS: 1.0, F.SAVEDMODEL: 1.5, F.TFLITE: 0.5},
+            # Keras arrives as keras-to-savedmodel's output: TF's converter exports Keras 3 models to a
+            # SavedModel internally anyway, and as a step it is cached and shared with tfserving/openvino.
+            {F.SAVEDMODEL: 1.5, F.TFLITE: 0.5},
             "services.exporters.tflite:export_tflite",
             precisions={F.TFLITE: frozenset({P.FP32})},
             artifact_format=F.TFLITE,
@@ -174,7 +175,7 @@ def _exporters() -> Iterable[Exporter]:
             "tensorflow",
             {F.SAVEDMODEL: 1.0},
             "services.exporters.tfserving:export_tfserving",
-            precisions={F.SAVEDMODEL: fp},
+            # fp16/int8: weights stored at that precision, fp32 compute (see services/exporters/tfserving.py)
             artifact_format=F.SAVEDMODEL,
         ),
         Exporter(TargetName.TENSORRT, "tensorrt", {F.ONNX: 2.0}, "services.exporters.tensorrt:export_tensorrt", artifact_format=F.TENSORRT_PLAN),

@@ -1,0 +1,176 @@
+"""Edges into ONNX from the TensorFlow family: Keras, TF SavedModel and TFLite, via tf2onnx.
+
+Keras models and SavedModel signatures are wrapped in one ``tf.function`` whose inputs
+carry the model's own input names and whose outputs are a dict keyed by its output names;
+tf2onnx names the ONNX graph's inputs and outputs after them, so the reference (computed by
+the source framework) and every later artifact agree on names. TFLite tensors carry
+internal names (``serving_default_image:0``), so after conversion the graph's inputs and
+outputs are renamed to the TFLite signature's names.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from services.artifacts import Artifact
+from services.errors import ConversionFailed
+from services.formats import Format
+from services.pipeline.context import StepContext
+
+__all__ = ["DEFAULT_OPSET", "keras_to_onnx", "rename_graph_io", "savedmodel_to_onnx", "tflite_to_onnx"]
+
+#: ONNX opset when the spec sets none: new enough for tf2onnx's full op coverage, and read by
+#: every ONNX consumer Kiln targets (onnxruntime, OpenVINO, TensorRT, onnx2tf).
+DEFAULT_OPSET = 17
+MODEL_FILE = "model.onnx"
+TOOL = "tf2onnx"
+
+
+def _opset(ctx: StepContext) -> int:
+    return int(ctx.step.options.get("opset") or ctx.spec.opset or DEFAULT_OPSET)
+
+
+def _failed(ctx: StepContext, what: str, exc: Exception) -> ConversionFailed:
+    text = str(exc).strip()
+    last = text.splitlines()[-1] if text else type(exc).__name__
+    return ConversionFailed(
+        f"{TOOL} could not convert {what}: {last}",
+        hint="tf2onnx names the TensorFlow op it cannot express in ONNX; a higher `opset` in the spec may help.",
+        step=ctx.step.id,
+        tool=TOOL,
+        output_tail=text[-2000:],
+    )
+
+
+def _value_spec(vi: Any) -> dict[str, Any]:
+    import onnx
+
+    tt = vi.type.tensor_type
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name if tt.elem_type else "unknown"
+    shape = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+    return {"name": vi.name, "dtype": dtype, "shape": shape}
+
+
+def _describe(model: Any) -> dict[str, Any]:
+    inits = {i.name for i in model.graph.initializer}
+    return {
+        "inputs": [_value_spec(v) for v in model.graph.input if v.name not in inits],
+        "outputs": [_value_spec(v) for v in model.graph.output],
+        "nodes": len(model.graph.node),
+    }
+
+
+def _from_function(ctx: StepContext, fn: Any, signature: list[Any], what: str) -> Artifact:
+    import tensorflow as tf
+    import tf2onnx
+
+    opset = _opset(ctx)
+    ctx.progress(f"converting {what} to ONNX opset {opset} with tf2onnx")
+    traced = tf.function(fn, input_signature=signature)
+    out = ctx.out_dir / MODEL_FILE
+    try:
+        model, _ = tf2onnx.convert.from_function(traced, input_signature=signature, opset=opset, output_path=str(out))
+    except Exception as exc:  # tf2onnx raises ValueError, KeyError, RuntimeError... for unsupported graphs
+        raise _failed(ctx, what, exc) from exc
+    return Artifact(
+        root=ctx.out_dir,
+        kind=Format.ONNX.value,
+        entry=MODEL_FILE,
+        meta={"opset": opset, "tool": TOOL, **_describe(model)},
+    )
+
+
+def keras_to_onnx(ctx: StepContext) -> Artifact:
+    """Convert a Keras model (loaded in safe mode, never running stored code) to model.onnx."""
+    from services.runners.tensorflow import keras_serving_function, load_keras_model
+
+    model = load_keras_model(ctx.model.path)
+    fn, signature = keras_serving_function(model)
+    return _from_function(ctx, fn, signature, f"Keras model {ctx.model.path.name}")
+
+
+def savedmodel_to_onnx(ctx: StepContext) -> Artifact:
+    """Convert the spec's signature (default serving_default) of a SavedModel to model.onnx."""
+    import tensorflow as tf
+
+    from services.runners.tensorflow import DEFAULT_SIGNATURE, load_signature, signature_io
+
+    name = ctx.step.options.get("signature") or ctx.spec.signature or DEFAULT_SIGNATURE
+    _loaded, sig = load_signature(ctx.model.path, name)
+    inputs, _ = signature_io(sig)
+    names = [t.name for t in inputs]
+    signature = [tf.TensorSpec(t.shape, tf.as_dtype(t.dtype), name=t.name) for t in inputs]
+
+    def serve(*args: Any) -> dict[str, Any]:
+        return dict(sig(**dict(zip(names, args, strict=True))))
+
+    art = _from_function(ctx, serve, signature, f"SavedModel signature {name!r}")
+    art.meta["signature"] = name
+    return art
+
+
+def rename_graph_io(model: Any, renames: dict[str, str]) -> None:
+    """Rename graph inputs/outputs (and every reference to them) in place."""
+    if not renames:
+        return
+    graph = model.graph
+    for vi in [*graph.input, *graph.output, *graph.value_info]:
+        if vi.name in renames:
+            vi.name = renames[vi.name]
+    for init in graph.initializer:
+        if init.name in renames:
+            init.name = renames[init.name]
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name in renames:
+                node.input[i] = renames[name]
+        for i, name in enumerate(node.output):
+            if name in renames:
+                node.output[i] = renames[name]
+
+
+def _tflite_signature_names(path: Path) -> dict[str, str]:
+    """Return tensor name -> signature name for a .tflite file's first signature."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    interp = Interpreter(model_path=str(path))
+    sigs = interp.get_signature_list()
+    if not sigs:
+        return {}
+    key = sorted(sigs)[0]
+    runner = interp.get_signature_runner(key)
+    out = {d["name"]: name for name, d in runner.get_input_details().items()}
+    out.update({d["name"]: name for name, d in runner.get_output_details().items()})
+    return out
+
+
+def tflite_to_onnx(ctx: StepContext) -> Artifact:
+    """Convert a .tflite model to model.onnx, named after its signature's inputs and outputs."""
+    import tf2onnx
+
+    from services.onnx_io import save_onnx
+
+    opset = _opset(ctx)
+    src = ctx.model.path
+    ctx.progress(f"converting TFLite {src.name} to ONNX opset {opset} with tf2onnx")
+    try:
+        model, _ = tf2onnx.convert.from_tflite(str(src), opset=opset)
+    except Exception as exc:
+        raise _failed(ctx, f"TFLite model {src.name}", exc) from exc
+    # tf2onnx names graph I/O after the TFLite tensors; the signature's names are the public ones.
+    by_tensor = _tflite_signature_names(src)
+    io_names = [v.name for v in [*model.graph.input, *model.graph.output]]
+    renames = {}
+    for name in io_names:
+        public = by_tensor.get(name) or by_tensor.get(name.removesuffix(":0"))
+        if public and public != name:
+            renames[name] = public
+    rename_graph_io(model, renames)
+    save_onnx(model, ctx.out_dir / MODEL_FILE)
+    return Artifact(
+        root=ctx.out_dir,
+        kind=Format.ONNX.value,
+        entry=MODEL_FILE,
+        meta={"opset": opset, "tool": TOOL, "renamed": renames, **_describe(model)},
+    )

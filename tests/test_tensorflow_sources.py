@@ -1,0 +1,268 @@
+"""TensorFlow-family sources (Keras .keras/.h5, SavedModel dir/archive, TFLite) and ONNX via onnx2tf,
+compiled end to end to every CPU engine with parity checked against the source framework."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from tf_models import (
+    IMAGE,
+    image_calibration,
+    keras_cnn,
+    keras_two_inputs,
+    savedmodel_two_signatures,
+    tar_gz,
+    tflite_from_savedmodel,
+)
+
+from services.errors import InvalidSpec
+from services.pipeline import compile_model
+from services.repository.publish import read_manifest
+from services.spec import DEFAULT_TOLERANCES, Precision, load_spec
+
+CPU_TARGETS = ["onnxruntime", "openvino", "tflite", "tfserving"]
+
+
+@pytest.fixture(scope="session")
+def tf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.getbasetemp() / "tf-models"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def cnn_keras(tf_dir: Path) -> Path:
+    return keras_cnn(tf_dir / "cnn.keras")
+
+
+@pytest.fixture(scope="module")
+def two_inputs_keras(tf_dir: Path) -> Path:
+    return keras_two_inputs(tf_dir / "two_inputs.keras")
+
+
+def _spec(targets: list[str], precision: str = "fp32", **extra):
+    return load_spec({"targets": targets, "precision": precision, "name": "m", "benchmark": False, **extra})
+
+
+def _assert_parity(result, precision: str) -> None:
+    tol = DEFAULT_TOLERANCES[Precision(precision)]
+    for name, target in result.targets.items():
+        assert target.status == "succeeded", (name, target.error)
+        parity = target.parity
+        assert parity["passed"] is True, (name, parity)
+        for out in parity["outputs"]:
+            assert out["cosine"] >= tol.min_cosine, (name, out)
+            if out["top1"] is not None:
+                assert out["top1"] >= tol.min_top1, (name, out)
+            if precision == "fp32":
+                assert out["max_abs"] < 1e-4, (name, out)
+
+
+def _repo_files(repo: Path, name: str) -> set[str]:
+    return {p.relative_to(repo / name / "1").as_posix() for p in (repo / name / "1").rglob("*") if p.is_file()}
+
+
+# --- Keras CNN to every CPU engine, with the plan sharing work ------------------------------
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "int8"])
+def test_keras_cnn_every_cpu_engine(
+    precision: str, cnn_keras: Path, tmp_path: Path, store, repository, repo_dir: Path
+) -> None:
+    extra = {}
+    if precision == "int8":
+        extra["calibration"] = str(image_calibration(tmp_path / "calib.npz", "image", IMAGE))
+    result = compile_model(cnn_keras, _spec(CPU_TARGETS, precision, **extra), store=store, repository=repository)
+    _assert_parity(result, precision)
+
+    # ONNX is made once (for onnxruntime); tfserving and openvino share the native SavedModel.
+    plan_to_onnx = [s for s in result.plan.steps if s.kind == "convert" and s.format_out == "onnx"]
+    assert [s.id for s in plan_to_onnx] == ["keras-to-onnx"]
+    ran_to_onnx = [
+        sid
+        for sid in result.steps
+        if result.plan.step(sid).kind == "convert" and result.plan.step(sid).format_out == "onnx"
+    ]
+    assert ran_to_onnx == ["keras-to-onnx"]
+    assert result.plan.shared == ["keras-to-savedmodel"]
+    assert result.plan.routes == {
+        "onnxruntime": "keras → onnx → optimize ⇒ onnxruntime",
+        "openvino": "keras → savedmodel → openvino_ir ⇒ openvino",
+        "tflite": "keras → savedmodel ⇒ tflite",
+        "tfserving": "keras → savedmodel ⇒ tfserving",
+    }
+
+    assert _repo_files(repo_dir, "m-tflite") == {"model.tflite", "kiln-manifest.json"}
+    assert {"saved_model.pb", "kiln-manifest.json"} <= _repo_files(repo_dir, "m-tfserving")
+    assert (repo_dir / "m-tfserving" / "1" / "variables").is_dir()
+    assert "model.onnx" in _repo_files(repo_dir, "m-onnxruntime")
+    assert {"model.xml", "model.bin"} <= _repo_files(repo_dir, "m-openvino")
+    if precision == "fp32":
+        # The reference came from Keras itself; every artifact agrees with it to float rounding.
+        worst = max(o["max_abs"] for t in result.targets.values() for o in t.parity["outputs"])
+        assert worst < 1e-5
+    if precision == "int8":
+        tflite = read_manifest(repository, "m-tflite", 1)["engine_details"]["tflite"]
+        assert tflite["mode"] == "full-integer int8" and tflite["calibration_data"] == "calibration file"
+        assert tflite["quantized_io"] == {"inputs": ["image"], "outputs": ["logits"]}
+
+
+def test_keras_h5_source(tf_dir: Path, store, repository) -> None:
+    import keras
+
+    h5 = tf_dir / "cnn.h5"
+    if not h5.exists():
+        keras.saving.load_model(keras_cnn(tf_dir / "cnn.keras")).save(h5)
+    result = compile_model(h5, _spec(["onnxruntime", "tflite"], optimize=False), store=store, repository=repository)
+    assert result.source.seen == "HDF5 file (Keras .h5)"
+    _assert_parity(result, "fp32")
+
+
+# --- two named inputs and two named outputs: names carried through every format ------------
+
+
+def test_two_named_inputs_every_cpu_engine(two_inputs_keras: Path, store, repository) -> None:
+    result = compile_model(two_inputs_keras, _spec(CPU_TARGETS), store=store, repository=repository)
+    _assert_parity(result, "fp32")
+    for target in result.targets.values():
+        # Outputs were matched by name, not position: each artifact reports the Keras output names.
+        assert [o["name"] for o in target.parity["outputs"]] == ["prob", "score"]
+    onnx_model = onnx.load(str(result.steps["keras-to-onnx"].artifact.path))
+    assert sorted(i.name for i in onnx_model.graph.input) == ["extra", "features"]
+    assert sorted(o.name for o in onnx_model.graph.output) == ["prob", "score"]
+    sig = read_manifest(repository, "m-tfserving", 1)["engine_details"]["tfserving"]["signature"]
+    assert sig["signature"] == "serving_default"
+    assert sig["inputs"] == {"extra": "serving_default_extra:0", "features": "serving_default_features:0"}
+    assert set(sig["outputs"]) == {"prob", "score"}
+    io = read_manifest(repository, "m-tflite", 1)["io"]
+    assert [t["name"] for t in io["inputs"]] == ["extra", "features"]
+
+
+def test_two_inputs_int8_calibration_matched_by_name(two_inputs_keras: Path, tmp_path: Path, store, repository) -> None:
+    rng = np.random.default_rng(11)
+    # Keys written in the opposite order to the model's inputs; matching is by name.
+    calib = tmp_path / "calib.npz"
+    np.savez(
+        calib,
+        features=rng.standard_normal((24, 8)).astype("float32"),
+        extra=rng.standard_normal((24, 4)).astype("float32"),
+    )
+    result = compile_model(
+        two_inputs_keras,
+        _spec(["tflite", "onnxruntime", "tfserving"], "int8", calibration=str(calib)),
+        store=store,
+        repository=repository,
+    )
+    _assert_parity(result, "int8")
+    details = read_manifest(repository, "m-tflite", 1)["engine_details"]["tflite"]
+    assert details["mode"] == "full-integer int8" and details["calibration_samples"] == 24
+    assert details["quantized_io"] == {"inputs": ["extra", "features"], "outputs": ["prob", "score"]}
+
+
+# --- SavedModel sources: the spec's signature, directory or archive -------------------------
+
+
+def test_savedmodel_signature_chosen_by_spec(tf_dir: Path, store, repository) -> None:
+    sm = savedmodel_two_signatures(tf_dir / "two_sigs")
+    result = compile_model(
+        sm, _spec(["onnxruntime", "tflite", "tfserving"], signature="doubled"), store=store, repository=repository
+    )
+    _assert_parity(result, "fp32")
+    ref = result.steps["reference"].artifact
+    with np.load(ref.root / "inputs.npz") as inputs, np.load(ref.root / "outputs.npz") as outputs:
+        x, y = inputs["0/x"], outputs["0/y"]
+    import tensorflow as tf
+
+    plain = tf.saved_model.load(str(sm)).signatures["serving_default"](x=tf.constant(x))["y"].numpy()
+    np.testing.assert_allclose(y, 2 * plain, rtol=1e-5)  # the reference ran "doubled", not the default
+    manifest = read_manifest(repository, "m-tfserving", 1)
+    assert manifest["engine_details"]["tfserving"]["signature"]["signature"] == "doubled"
+    assert read_manifest(repository, "m-tflite", 1)["engine_details"]["tflite"]["signature"] == "doubled"
+
+
+def test_savedmodel_archive_and_missing_signature(tf_dir: Path, store, repository) -> None:
+    archive = tar_gz(savedmodel_two_signatures(tf_dir / "two_sigs"), tf_dir / "two_sigs.tar.gz")
+    result = compile_model(archive, _spec(["onnxruntime"], optimize=False), store=store, repository=repository)
+    assert result.source.seen == "tar archive holding a TF SavedModel"
+    _assert_parity(result, "fp32")
+    bad = compile_model(
+        archive, _spec(["onnxruntime"], optimize=False, signature="nope"), store=store, repository=repository
+    )
+    err = bad.targets["onnxruntime"].error
+    assert err["code"] == InvalidSpec.code
+    assert "['doubled', 'serving_default']" in err["message"]
+
+
+# --- TFLite source ------------------------------------------------------------------------------
+
+
+def test_tflite_source_to_onnx_keeps_signature_names(tf_dir: Path, store, repository) -> None:
+    import keras
+
+    cnn_sm = tf_dir / "cnn_sm"
+    if not cnn_sm.exists():
+        from services.converters.tensorflow_native import write_keras_savedmodel
+
+        write_keras_savedmodel(keras.saving.load_model(keras_cnn(tf_dir / "cnn.keras")), cnn_sm)
+    src = tflite_from_savedmodel(cnn_sm, tf_dir / "cnn.tflite")
+    result = compile_model(src, _spec(["onnxruntime", "tflite", "openvino"]), store=store, repository=repository)
+    _assert_parity(result, "fp32")
+    onnx_model = onnx.load(str(result.steps["tflite-to-onnx"].artifact.path))
+    assert [i.name for i in onnx_model.graph.input] == ["image"]
+    assert [o.name for o in onnx_model.graph.output] == ["logits"]
+    assert result.steps["tflite-to-onnx"].meta["renamed"] == {
+        "serving_default_image:0": "image",
+        "StatefulPartitionedCall:0": "logits",
+    }
+    assert (
+        Path(result.targets["tflite"].published["uri"].removeprefix("file://")) / "model.tflite"
+    ).read_bytes() == src.read_bytes()
+
+
+# --- ONNX sources through onnx2tf --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_onnx_source_to_tfserving_and_tflite(precision: str, cnn_onnx: Path, tmp_path: Path, store, repository) -> None:
+    extra = {}
+    if precision == "int8":
+        rng = np.random.default_rng(2)
+        extra["calibration"] = str(tmp_path / "c.npz")
+        np.savez(extra["calibration"], input=rng.standard_normal((16, 3, 32, 32)).astype("float32"))
+    result = compile_model(
+        cnn_onnx, _spec(["tfserving", "tflite"], precision, **extra), store=store, repository=repository
+    )
+    _assert_parity(result, precision)
+    assert result.plan.shared == ["optimize", "optimize/onnx-to-savedmodel"]
+    converted = result.steps["optimize/onnx-to-savedmodel"].meta
+    assert converted["kept_input_layout"] == ["input"]
+    # The SavedModel takes the ONNX layout (NCHW), so callers feed what they fed the ONNX model.
+    io = read_manifest(repository, "m-tfserving", 1)["io"]
+    assert io["inputs"] == [{"name": "input", "dtype": "float32", "shape": [None, 3, 32, 32]}]
+
+
+def test_onnx2tf_channel_last_output_is_transposed_back(tmp_path: Path, store, repository) -> None:
+    from models import _torch, export_onnx
+
+    torch = _torch()
+    conv = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU()).eval()
+    src = export_onnx(conv, torch.randn(1, 3, 8, 10), tmp_path / "conv.onnx")
+    result = compile_model(src, _spec(["tfserving"], optimize=False), store=store, repository=repository)
+    _assert_parity(result, "fp32")
+    meta = result.steps["onnx-to-savedmodel"].meta
+    assert meta["transposed_outputs"] == ["output"]
+    io = read_manifest(repository, "m", 1)["io"]
+    assert io["outputs"][0]["shape"] == [None, 4, 8, 10]
+
+
+def test_onnx2tf_failure_is_conversion_failed(transformer_onnx: Path, store, repository) -> None:
+    result = compile_model(transformer_onnx, _spec(["tfserving"], optimize=False), store=store, repository=repository)
+    err = result.targets["tfserving"].error
+    assert err["code"] == "CONVERSION_FAILED"
+    assert err["details"]["tool"] == "onnx2tf" and err["details"]["output_tail"]
+    assert "onnxruntime or openvino" in err["hint"]
+    assert not json.dumps(err).count("Traceback (most recent call last)") > 1

@@ -1,0 +1,142 @@
+"""The tflite target: precisions and what they store, int8 kinds, the LiteRT runner, MobileNetV2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tf_models import keras_mlp, mobilenet_v2
+
+from services.errors import InvalidSpec
+from services.exporters.tflite import representative_feeds
+from services.pipeline import compile_model
+from services.repository.publish import read_manifest
+from services.spec import DEFAULT_TOLERANCES, Precision, load_spec
+
+
+@pytest.fixture(scope="session")
+def tf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.getbasetemp() / "tf-models"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def _spec(targets: list[str], precision: str = "fp32", **extra):
+    return load_spec({"targets": targets, "precision": precision, "name": "m", "benchmark": False, **extra})
+
+
+def _published(result, target: str) -> Path:
+    return Path(result.targets[target].published["uri"].removeprefix("file://"))
+
+
+# --- calibration samples meet inputs by name ----------------------------------------------------
+
+
+def test_representative_feeds_match_by_name_not_position() -> None:
+    a, b = np.zeros((1, 2), np.float32), np.ones((1, 3), np.float32)
+    feeds = [{"b": b, "a": a}]
+    out = representative_feeds(feeds, ["a", "b"])
+    assert list(out[0]) == ["a", "b"] and out[0]["a"] is not None and out[0]["a"].shape == (1, 2)
+    # onnx2tf's sanitised names (':' -> '__') are the same inputs.
+    assert representative_feeds([{"in:0": a}], ["in__0"])[0]["in__0"].shape == (1, 2)
+    with pytest.raises(InvalidSpec) as exc:
+        representative_feeds([{"a": a, "c": b}], ["a", "b"])
+    assert "['a', 'c']" in exc.value.message and "['a', 'b']" in exc.value.message
+
+
+# --- precisions: what is stored, and which int8 -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mlp_results(tf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[object, object]]:
+    """The MLP compiled to tflite at fp32, fp16, dynamic-range int8 and full-integer int8."""
+    from services.repository import LocalModelRepository
+    from services.storage import LocalArtifactStore
+
+    src = keras_mlp(tf_dir / "mlp.keras")
+    work = tmp_path_factory.mktemp("tflite-precisions")
+    calib = work / "calib.npz"
+    np.savez(calib, x=np.random.default_rng(4).standard_normal((32, 64)).astype("float32"))
+    store = LocalArtifactStore(work / "store")
+    out = {}
+    for label, precision, extra in [
+        ("fp32", "fp32", {}),
+        ("fp16", "fp16", {}),
+        ("int8-dynamic", "int8", {}),
+        ("int8-full", "int8", {"calibration": str(calib)}),
+    ]:
+        repo = LocalModelRepository(work / label)
+        out[label] = (compile_model(src, _spec(["tflite"], precision, **extra), store=store, repository=repo), repo)
+    return out
+
+
+def test_precisions_pass_parity_and_shrink_the_file(mlp_results) -> None:
+    sizes = {}
+    for label, (result, repo) in mlp_results.items():
+        target = result.targets["tflite"]
+        assert target.status == "succeeded", (label, target.error)
+        precision = Precision(label.split("-")[0])
+        tol = DEFAULT_TOLERANCES[precision]
+        out = target.parity["outputs"][0]
+        assert out["cosine"] >= tol.min_cosine and out["top1"] >= tol.min_top1, (label, out)
+        sizes[label] = (_published(result, "tflite") / "model.tflite").stat().st_size
+        assert read_manifest(repo, "m", 1)["engine_details"]["tflite"]["size_bytes"] == sizes[label]
+    assert mlp_results["fp32"][0].targets["tflite"].parity["outputs"][0]["max_abs"] < 1e-5
+    # ~300k weights: fp16 halves the file, int8 quarters it (plus scales and graph).
+    assert 0.45 < sizes["fp16"] / sizes["fp32"] < 0.55
+    assert 0.2 < sizes["int8-dynamic"] / sizes["fp32"] < 0.3
+    assert 0.2 < sizes["int8-full"] / sizes["fp32"] < 0.3
+
+
+def test_int8_kind_follows_calibration_data(mlp_results) -> None:
+    dynamic = read_manifest(mlp_results["int8-dynamic"][1], "m", 1)["engine_details"]["tflite"]
+    full = read_manifest(mlp_results["int8-full"][1], "m", 1)["engine_details"]["tflite"]
+    assert dynamic["mode"] == "dynamic-range int8" and "calibration_data" not in dynamic
+    assert dynamic["quantized_io"] == {"inputs": [], "outputs": []}
+    assert full["mode"] == "full-integer int8"
+    assert full["calibration_data"] == "calibration file" and full["calibration_samples"] == 32
+    assert full["quantized_io"] == {"inputs": ["x"], "outputs": ["logits"]}
+    fp16 = read_manifest(mlp_results["fp16"][1], "m", 1)["engine_details"]["tflite"]
+    assert fp16["mode"] == "float16 weights"
+
+
+def test_runner_quantizes_int8_inputs_and_dequantizes_outputs(mlp_results, tf_dir: Path) -> None:
+    from ai_edge_litert.interpreter import Interpreter
+
+    from services.runners.tensorflow import KerasRunner
+    from services.runners.tflite import TFLiteRunner
+
+    path = _published(mlp_results["int8-full"][0], "tflite") / "model.tflite"
+    raw = Interpreter(model_path=str(path)).get_signature_runner("serving_default")
+    assert raw.get_input_details()["x"]["dtype"] == np.int8
+    assert raw.get_output_details()["logits"]["dtype"] == np.int8
+    runner = TFLiteRunner(path)
+    assert [(t.name, t.dtype, t.shape) for t in runner.inputs] == [("x", "float32", (None, 64))]
+    x = np.random.default_rng(4).standard_normal((3, 64)).astype("float32")  # batch 3: a resize
+    got = runner.run({"x": x})["logits"]
+    want = KerasRunner(tf_dir / "mlp.keras").run({"x": x})["logits"]
+    assert got.dtype == np.float32 and got.shape == (3, 10)
+    cos = float(np.dot(got.ravel(), want.ravel()) / (np.linalg.norm(got) * np.linalg.norm(want)))
+    assert cos > 0.98
+    runner.close()
+
+
+# --- MobileNetV2 (keras.applications, weights=None) to every CPU engine -------------------------
+
+
+def test_mobilenet_v2_every_cpu_engine(tf_dir: Path, tmp_path: Path, store, repository) -> None:
+    src = mobilenet_v2(tf_dir / "mobilenet_v2.keras")
+    spec = _spec(["onnxruntime", "openvino", "tflite", "tfserving"], validation={"samples": 4})
+    result = compile_model(src, spec, store=store, repository=repository)
+    for name, target in result.targets.items():
+        assert target.status == "succeeded", (name, target.error)
+        out = target.parity["outputs"][0]
+        assert out["name"] == "predictions"
+        assert out["max_abs"] < 1e-4 and out["cosine"] > 0.9999 and out["top1"] == 1.0, (name, out)
+    assert [s.id for s in result.plan.steps if s.kind == "convert" and s.format_out == "onnx"] == ["keras-to-onnx"]
+    # The network is alive: its class probabilities differ between samples and from uniform.
+    ref = result.steps["reference"].artifact
+    with np.load(ref.root / "outputs.npz") as outputs:
+        probs = np.stack([outputs[f"{i}/predictions"][0] for i in range(4)])
+    assert probs.max() > 0.15 and np.ptp(probs, axis=0).max() > 0.01
