@@ -95,7 +95,7 @@ def test_int8_kind_follows_calibration_data(mlp_results) -> None:
     assert dynamic["mode"] == "dynamic-range int8" and "calibration_data" not in dynamic
     assert dynamic["quantized_io"] == {"inputs": [], "outputs": []}
     assert full["mode"] == "full-integer int8"
-    assert full["calibration_data"] == "calibration file" and full["calibration_samples"] == 32
+    assert full["calibration_data"] == "calibration file" and full["calibration_samples"] == 24  # 8 of 32 held out
     assert full["quantized_io"] == {"inputs": ["x"], "outputs": ["logits"]}
     fp16 = read_manifest(mlp_results["fp16"][1], "m", 1)["engine_details"]["tflite"]
     assert fp16["mode"] == "float16 weights"
