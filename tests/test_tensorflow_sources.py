@@ -159,7 +159,8 @@ def test_two_inputs_int8_calibration_matched_by_name(two_inputs_keras: Path, tmp
     )
     _assert_parity(result, "int8")
     details = read_manifest(repository, "m-tflite", 1)["engine_details"]["tflite"]
-    assert details["mode"] == "full-integer int8" and details["calibration_samples"] == 18  # 6 of 24 held out for parity
+    assert details["mode"] == "full-integer int8"
+    assert details["calibration_samples"] == 18  # 6 of the 24 rows are held out for parity
     assert details["quantized_io"] == {"inputs": ["extra", "features"], "outputs": ["prob", "score"]}
 
 
