@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tf_models import keras_mlp, mobilenet_v2
+from tf_models import keras_mlp, mobilenet_v2, tflite_without_signature
 
 from services.errors import InvalidSpec
 from services.exporters.tflite import representative_feeds
@@ -140,3 +140,19 @@ def test_mobilenet_v2_every_cpu_engine(tf_dir: Path, tmp_path: Path, store, repo
     with np.load(ref.root / "outputs.npz") as outputs:
         probs = np.stack([outputs[f"{i}/predictions"][0] for i in range(4)])
     assert probs.max() > 0.15 and np.ptp(probs, axis=0).max() > 0.01
+
+
+def test_tflite_without_signature_source(tf_dir: Path, store, repository) -> None:
+    """A .tflite with no SignatureDef runs by tensor name, resizes its dynamic batch, converts to ONNX."""
+    from services.runners.tflite import TFLiteRunner
+
+    src = tflite_without_signature(tf_dir / "nosig.tflite")
+    runner = TFLiteRunner(src)
+    assert runner.signature is None and [t.name for t in runner.inputs] == ["x"]
+    for batch in (1, 4, 2):
+        assert runner.run({"x": np.ones((batch, 6), np.float32)})["y"].shape == (batch, 3)
+    result = compile_model(src, _spec(["onnxruntime", "tflite"], optimize=False), store=store, repository=repository)
+    for name, target in result.targets.items():
+        assert target.status == "succeeded", (name, target.error)
+        assert target.parity["outputs"][0]["max_abs"] < 1e-5
+    assert result.steps["tflite-to-onnx"].meta["inputs"][0]["name"] == "x"

@@ -180,3 +180,19 @@ def tflite_from_savedmodel(saved_model: Path, dest: Path) -> Path:
 
     dest.write_bytes(tf.lite.TFLiteConverter.from_saved_model(str(saved_model)).convert())
     return dest
+
+
+def tflite_without_signature(dest: Path) -> Path:
+    """A TF1-style .tflite (y = x @ W on [N,6] 'x') carrying no SignatureDef, as older converters wrote them."""
+    if dest.exists():
+        return dest
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 6], name="x")
+        w = tf.constant(np.random.default_rng(6).standard_normal((6, 3)).astype("float32"))
+        y = tf.identity(tf.nn.relu(tf.matmul(x, w)), name="y")
+        with tf.compat.v1.Session() as sess:
+            dest.write_bytes(tf.compat.v1.lite.TFLiteConverter.from_session(sess, [x], [y]).convert())
+    return dest

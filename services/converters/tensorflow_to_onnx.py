@@ -10,6 +10,7 @@ outputs are renamed to the TFLite signature's names.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -130,19 +131,15 @@ def rename_graph_io(model: Any, renames: dict[str, str]) -> None:
                 node.output[i] = renames[name]
 
 
-def _tflite_signature_names(path: Path) -> dict[str, str]:
-    """Return tensor name -> signature name for a .tflite file's first signature."""
-    from ai_edge_litert.interpreter import Interpreter
+def _tflite_signature_names(path: Path, signature: str | None) -> dict[str, str]:
+    """Return tensor name -> public name for a .tflite file (the names its runner reports)."""
+    from services.runners.tflite import TFLiteRunner
 
-    interp = Interpreter(model_path=str(path))
-    sigs = interp.get_signature_list()
-    if not sigs:
-        return {}
-    key = sorted(sigs)[0]
-    runner = interp.get_signature_runner(key)
-    out = {d["name"]: name for name, d in runner.get_input_details().items()}
-    out.update({d["name"]: name for name, d in runner.get_output_details().items()})
-    return out
+    runner = TFLiteRunner(path, signature=signature)
+    try:
+        return runner.tensor_names()
+    finally:
+        runner.close()
 
 
 def tflite_to_onnx(ctx: StepContext) -> Artifact:
@@ -155,11 +152,14 @@ def tflite_to_onnx(ctx: StepContext) -> Artifact:
     src = ctx.model.path
     ctx.progress(f"converting TFLite {src.name} to ONNX opset {opset} with tf2onnx")
     try:
-        model, _ = tf2onnx.convert.from_tflite(str(src), opset=opset)
+        with warnings.catch_warnings():
+            # tf2onnx runs the model once with tf.lite.Interpreter, which warns about its own deprecation.
+            warnings.filterwarnings("ignore", message=".*tf.lite.Interpreter is deprecated.*")
+            model, _ = tf2onnx.convert.from_tflite(str(src), opset=opset)
     except Exception as exc:
         raise _failed(ctx, f"TFLite model {src.name}", exc) from exc
     # tf2onnx names graph I/O after the TFLite tensors; the signature's names are the public ones.
-    by_tensor = _tflite_signature_names(src)
+    by_tensor = _tflite_signature_names(src, ctx.step.options.get("signature") or ctx.spec.signature)
     io_names = [v.name for v in [*model.graph.input, *model.graph.output]]
     renames = {}
     for name in io_names:

@@ -143,8 +143,6 @@ def export_tflite(ctx: StepContext) -> Artifact:
                     saved_model, dst, signature=signature, precision=precision, calibration=calibration
                 )
             )
-        except InvalidSpec:
-            raise
         except Exception as exc:  # the MLIR converter raises ConverterError, RuntimeError, ValueError
             text = str(exc).strip()
             hint = "The converter names the operation it cannot lower."

@@ -13,8 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from services.errors import SourceUnreadable
+from services.errors import InvalidSpec, SourceUnreadable
 from services.runners.base import ModelRunner, TensorSpec
+
+DEFAULT_SIGNATURE = "serving_default"
 
 __all__ = ["TFLiteRunner"]
 
@@ -24,6 +26,7 @@ class _Tensor:
     """One signature tensor: its public name and how it is stored in the interpreter."""
 
     name: str
+    tensor_name: str  # the interpreter's own name, e.g. serving_default_image:0
     index: int
     dtype: np.dtype
     shape_signature: tuple[int, ...]
@@ -43,7 +46,29 @@ def _tensor(name: str, d: dict[str, Any]) -> _Tensor:
     scale, zero = d.get("quantization", (0.0, 0))
     sig = d.get("shape_signature")
     shape = sig if sig is not None and len(sig) else d["shape"]
-    return _Tensor(name, int(d["index"]), np.dtype(d["dtype"]), tuple(int(x) for x in shape), float(scale), int(zero))
+    return _Tensor(
+        name,
+        str(d["name"]),
+        int(d["index"]),
+        np.dtype(d["dtype"]),
+        tuple(int(x) for x in shape),
+        float(scale),
+        int(zero),
+    )
+
+
+def _pick_signature(signatures: dict[str, Any], wanted: str | None) -> str:
+    """Return the signature to run: the one asked for, or the model's only/first one by default."""
+    if wanted in signatures:
+        return wanted
+    if wanted in (None, DEFAULT_SIGNATURE):
+        # The spec's default name; a converter may have called the one signature otherwise.
+        return sorted(signatures)[0]
+    raise InvalidSpec(
+        f"the TFLite model has no signature {wanted!r}; it has {sorted(signatures)}",
+        hint="Set `signature` in the spec to one of them.",
+        signatures=sorted(signatures),
+    )
 
 
 class TFLiteRunner(ModelRunner):
@@ -60,7 +85,7 @@ class TFLiteRunner(ModelRunner):
         self.signature: str | None = None
         self._runner: Any = None
         if signatures:
-            self.signature = signature if signature in signatures else sorted(signatures)[0]
+            self.signature = _pick_signature(signatures, signature)
             self._runner = self.interpreter.get_signature_runner(self.signature)
             ins = self._runner.get_input_details()
             outs = self._runner.get_output_details()
@@ -68,9 +93,12 @@ class TFLiteRunner(ModelRunner):
             self._in = [_tensor(n, ins[n]) for n in signatures[self.signature]["inputs"]]
             self._out = [_tensor(n, outs[n]) for n in signatures[self.signature]["outputs"]]
         else:
+            # A model without signatures (TF1-era converters): its tensor names are the public names.
             self.interpreter.allocate_tensors()
-            self._in = [_tensor(d["name"], d) for d in self.interpreter.get_input_details()]
+            in_details = self.interpreter.get_input_details()
+            self._in = [_tensor(d["name"], d) for d in in_details]
             self._out = [_tensor(d["name"], d) for d in self.interpreter.get_output_details()]
+            self._shapes = {int(d["index"]): tuple(int(x) for x in d["shape"]) for d in in_details}
         self.inputs = [t.spec() for t in self._in]
         self.outputs = [t.spec() for t in self._out]
 
@@ -81,6 +109,10 @@ class TFLiteRunner(ModelRunner):
             "inputs": [t.name for t in self._in if t.quantized],
             "outputs": [t.name for t in self._out if t.quantized],
         }
+
+    def tensor_names(self) -> dict[str, str]:
+        """Return the interpreter's tensor name -> the public (signature) name, inputs and outputs."""
+        return {t.tensor_name: t.name for t in [*self._in, *self._out]}
 
     @staticmethod
     def _quantize(t: _Tensor, arr: np.ndarray) -> np.ndarray:
@@ -104,8 +136,10 @@ class TFLiteRunner(ModelRunner):
             return {t.name: self._dequantize(t, raw[t.name]) for t in self._out}
         resized = False
         for t in self._in:
-            if tuple(self.interpreter.get_input_details()[self._in.index(t)]["shape"]) != values[t.name].shape:
-                self.interpreter.resize_tensor_input(t.index, list(values[t.name].shape))
+            shape = values[t.name].shape
+            if self._shapes[t.index] != shape:
+                self.interpreter.resize_tensor_input(t.index, list(shape))
+                self._shapes[t.index] = shape
                 resized = True
         if resized:
             self.interpreter.allocate_tensors()
