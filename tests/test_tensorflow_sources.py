@@ -125,9 +125,10 @@ def test_keras_h5_source(tf_dir: Path, store, repository) -> None:
 # --- two named inputs and two named outputs: names carried through every format ------------
 
 
-def test_two_named_inputs_every_cpu_engine(two_inputs_keras: Path, store, repository) -> None:
-    result = compile_model(two_inputs_keras, _spec(CPU_TARGETS), store=store, repository=repository)
-    _assert_parity(result, "fp32")
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_two_named_inputs_every_cpu_engine(precision: str, two_inputs_keras: Path, store, repository) -> None:
+    result = compile_model(two_inputs_keras, _spec(CPU_TARGETS, precision), store=store, repository=repository)
+    _assert_parity(result, precision)
     for target in result.targets.values():
         # Outputs were matched by name, not position: each artifact reports the Keras output names.
         assert [o["name"] for o in target.parity["outputs"]] == ["prob", "score"]
@@ -136,7 +137,10 @@ def test_two_named_inputs_every_cpu_engine(two_inputs_keras: Path, store, reposi
     assert sorted(o.name for o in onnx_model.graph.output) == ["prob", "score"]
     sig = read_manifest(repository, "m-tfserving", 1)["engine_details"]["tfserving"]["signature"]
     assert sig["signature"] == "serving_default"
-    assert sig["inputs"] == {"extra": "serving_default_extra:0", "features": "serving_default_features:0"}
+    # Keys are what TF Serving clients send; the graph tensors behind them (serving_default_extra:0
+    # at fp32, extra:0 in the frozen fp16 graph) are what saved_model_cli shows.
+    assert sorted(sig["inputs"]) == ["extra", "features"]
+    assert all(tensor.endswith(f"{key}:0") for key, tensor in sig["inputs"].items())
     assert set(sig["outputs"]) == {"prob", "score"}
     io = read_manifest(repository, "m-tflite", 1)["io"]
     assert [t["name"] for t in io["inputs"]] == ["extra", "features"]
@@ -144,6 +148,7 @@ def test_two_named_inputs_every_cpu_engine(two_inputs_keras: Path, store, reposi
 
 def test_two_inputs_int8_calibration_matched_by_name(two_inputs_keras: Path, tmp_path: Path, store, repository) -> None:
     rng = np.random.default_rng(11)
+    # openvino is left out: its NNCF int8 of this model measured cosine 0.958 on "score" (< 0.98).
     # Keys written in the opposite order to the model's inputs; matching is by name.
     calib = tmp_path / "calib.npz"
     np.savez(
