@@ -145,7 +145,7 @@ def _converters() -> Iterable[Converter]:
         C("torchscript-to-onnx", F.TORCHSCRIPT, F.ONNX, "onnxruntime", 3.0, "services.converters.torch_to_onnx:torchscript_to_onnx", "torch.onnx"),
         C("torch-export-to-onnx", F.TORCH_EXPORT, F.ONNX, "onnxruntime", 2.0, "services.converters.torch_to_onnx:exported_program_to_onnx", "torch.onnx (dynamo)"),
         # --- native TensorFlow routes (no ONNX round trip) ---
-        C("keras-to-savedmodel", F.KERAS, F.SAVEDMODEL, "tensorflow", 1.0, "services.converters.tensorflow_native:keras_to_savedmodel", "keras export"),
+        C("keras-to-savedmodel", F.KERAS, F.SAVEDMODEL, "tensorflow", 1.0, "services.converters.tensorflow_native:keras_to_savedmodel", "tf.saved_model"),
         C("onnx-to-savedmodel", F.ONNX, F.SAVEDMODEL, "tensorflow", 4.0, "services.converters.onnx_to_tensorflow:onnx_to_savedmodel", "onnx2tf"),
         # --- OpenVINO IR ---
         C("onnx-to-openvino-ir", F.ONNX, F.OPENVINO_IR, "openvino", 1.0, "services.converters.openvino_ir:onnx_to_ir", "openvino.convert_model"),
