@@ -47,6 +47,7 @@ SERVICES = ["api", "worker-onnxruntime"]  # up pulls in redis, postgres and migr
 BUILT = ["redis", "postgres", "api", "worker-onnxruntime"]
 MODEL = ROOT / "examples" / "tiny_cnn.onnx"
 MODEL_NAME = "tiny-cnn"
+BUILD_CACHE_KEEP = "3GB"  # as `docker system df` counts it; one set of these images takes ~2 GB
 DATA = "/var/lib/kiln/data"  # the shared volume in compose.smoke.yaml
 # What the imported rootfs lacks and python:3.11-slim has: without PATH, the Dockerfiles'
 # `ENV PATH=/opt/kiln/bin:${PATH}` would drop the system directories.
@@ -344,6 +345,7 @@ def submit_and_wait(base_url: str, timeout: float) -> dict[str, Any]:
             if status in ("succeeded", "failed", "cancelled"):
                 if status != "succeeded":
                     raise SmokeFailure(f"job {status}: {json.dumps(job, indent=1)[:4000]}")
+                job["_workers"] = engines["workers"]  # who was serving, for check_repository
                 return dict(job)
             time.sleep(1)
         raise SmokeFailure(f"job {job_id} still {status} after {timeout:.0f}s")
@@ -361,9 +363,12 @@ def check_repository(base_url: str, stack: Stack, job: dict[str, Any]) -> dict[s
     target = job["targets"].get("onnxruntime") or {}
     if target.get("status") != "succeeded" or not target.get("parity"):
         raise SmokeFailure(f"onnxruntime target not succeeded with a parity report: {target}")
-    workers = {s["worker"] for s in job["steps"]}
-    if not workers or not all(w and w.startswith("kiln-onnxruntime-") for w in workers):
-        raise SmokeFailure(f"steps were not run by the onnxruntime worker: {workers}")
+    # A step names the worker host that ran it ("<hostname>:<pool process>"); GET /engines named
+    # the worker containers ("kiln-onnxruntime-<pid>@<hostname>").
+    hosts = {w["hostname"].rpartition("@")[2] for w in job["_workers"] if "onnxruntime" in w["engines"]}
+    ran_on = {(s["worker"] or "").partition(":")[0] for s in job["steps"]}
+    if not hosts or not ran_on <= hosts:
+        raise SmokeFailure(f"steps ran on {ran_on}, not on the onnxruntime worker container(s) {hosts}")
     log(f"parity reported by the job: {json.dumps(target['parity'])[:300]}")
 
     listing = httpx.get(f"{base_url}/repository", timeout=30).json()
@@ -463,9 +468,14 @@ def run(cache: Path, job_timeout: float) -> dict[str, float]:
             if stack is not None:
                 with contextlib.suppress(Exception):
                     stack.compose("down", "--volumes", "--remove-orphans", "--timeout", "20", check=False, timeout=300)
-                # Old builds of our tags would otherwise pile up in the cached data root.
+                # Old builds of our tags and stale build cache would otherwise pile up in the
+                # cached data root (vfs stores every layer in full). The build cache is trimmed
+                # least recently used first, down to about one generation of these images.
                 with contextlib.suppress(Exception):
                     engine.docker("image", "prune", "--force", check=False, timeout=300)
+                    engine.docker(
+                        "builder", "prune", "--force", "--keep-storage", BUILD_CACHE_KEEP, check=False, timeout=300
+                    )
             engine.stop()
             shutil.rmtree(run_dir, ignore_errors=True)
 
