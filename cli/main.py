@@ -24,8 +24,11 @@ from services.errors import KilnError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-console = Console(stderr=True)
-out = Console()
+# Outside a terminal rich assumes 80 columns, which folds the summary table; logs and CI
+# are wider than that.
+_WIDTH = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "160"))
+console = Console(stderr=True, width=_WIDTH)
+out = Console(width=_WIDTH)
 
 #: Exit statuses: 1 for a failed target, 2 for bad usage or input, 3 for internal errors.
 EXIT_FAILED, EXIT_INPUT, EXIT_INTERNAL = 1, 2, 3
