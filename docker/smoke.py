@@ -3,11 +3,12 @@
 
 Starts a private Docker engine (vfs storage, no bridge, no iptables), builds a Debian base
 image with debootstrap (docker/smoke/build_base.sh) and passes it as KILN_BASE_IMAGE, builds
-the API, the onnxruntime worker, Redis and PostgreSQL images from compose.yaml plus
-docker/compose.smoke.yaml, brings up api + worker-onnxruntime (and so redis, postgres and
-the migration), compiles examples/tiny_cnn.onnx through the REST API, checks the published
-repository (Triton config parses, the published model runs and agrees with the source), then
-tears the stack down and stops every process it started.
+the API and onnxruntime worker images of compose.yaml plus Redis, PostgreSQL and an S3 server
+(SeaweedFS in MinIO's place) from docker/compose.smoke.yaml, brings up api +
+worker-onnxruntime (and so redis, postgres, minio, the bucket creation and the migration),
+compiles examples/tiny_cnn.onnx through the REST API, checks the job's report and the
+published repository in S3 (Triton's config parses, the published model runs and agrees with
+the source), then tears the stack down and stops every process it started.
 
     sudo .venv/bin/python docker/smoke.py            # warm: reuses the cached base and layers
     sudo .venv/bin/python docker/smoke.py --cold     # wipes the cache first
@@ -43,12 +44,12 @@ __all__ = ["main"]
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = "kiln-smoke"
 BASE_SCRIPT = ROOT / "docker" / "smoke" / "build_base.sh"
-SERVICES = ["api", "worker-onnxruntime"]  # up pulls in redis, postgres and migrate
-BUILT = ["redis", "postgres", "api", "worker-onnxruntime"]
+SERVICES = ["api", "worker-onnxruntime"]  # up pulls in redis, postgres, minio, s3-init and migrate
+BUILT = ["redis", "postgres", "minio", "api", "worker-onnxruntime"]
 MODEL = ROOT / "examples" / "tiny_cnn.onnx"
 MODEL_NAME = "tiny-cnn"
 BUILD_CACHE_KEEP = "3GB"  # as `docker system df` counts it; one set of these images takes ~2 GB
-DATA = "/var/lib/kiln/data"  # the shared volume in compose.smoke.yaml
+REPOSITORY = ("kiln", "repository/")  # compose.yaml's default KILN_REPOSITORY, s3://kiln/repository
 # What the imported rootfs lacks and python:3.11-slim has: without PATH, the Dockerfiles'
 # `ENV PATH=/opt/kiln/bin:${PATH}` would drop the system directories.
 BASE_CHANGES = [
@@ -235,8 +236,8 @@ def unmount_under(roots: list[Path]) -> None:
 class Stack:
     """compose.yaml + docker/compose.smoke.yaml as project ``kiln-smoke`` on our engine."""
 
-    def __init__(self, engine: DockerEngine, run_dir: Path, api_port: int) -> None:
-        self.engine, self.run_dir, self.api_port = engine, run_dir, api_port
+    def __init__(self, engine: DockerEngine, run_dir: Path, api_port: int, s3_port: int) -> None:
+        self.engine, self.run_dir, self.api_port, self.s3_port = engine, run_dir, api_port, s3_port
         self.compose_cmd = compose_binary()
         env_file = run_dir / "empty.env"  # never the developer's .env
         env_file.write_text("")
@@ -252,19 +253,24 @@ class Stack:
             "-f",
             str(ROOT / "docker" / "compose.smoke.yaml"),
         ]
-        clean = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "COMPOSE_", "DOCKER_", "POSTGRES_"))}
+        clean = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("KILN_", "COMPOSE_", "DOCKER_", "POSTGRES_", "MINIO_"))
+        }
         self.env = {
             **clean,
             "DOCKER_HOST": engine.host,
             "KILN_BASE_IMAGE": BASE_IMAGE,
             "KILN_IMAGE_PREFIX": "kiln-smoke",
             "KILN_IMAGE_TAG": "local",
-            "KILN_REPOSITORY": f"{DATA}/repository",
-            "KILN_ARTIFACT_STORE": f"{DATA}/store",
             "KILN_API_PORT": str(api_port),
+            "KILN_SMOKE_S3_PORT": str(s3_port),
             "KILN_ENVIRONMENT": "development",
             "KILN_AUTH_ENABLED": "false",
             "POSTGRES_PASSWORD": secrets.token_hex(12),
+            "MINIO_ROOT_USER": "kiln-smoke",
+            "MINIO_ROOT_PASSWORD": secrets.token_hex(16),
         }
 
     def compose(
@@ -353,6 +359,7 @@ def submit_and_wait(base_url: str, timeout: float) -> dict[str, Any]:
 
 def check_repository(base_url: str, stack: Stack, job: dict[str, Any]) -> dict[str, float]:
     """Check GET /repository and the published files themselves; return the numbers measured."""
+    import boto3
     import httpx
     import numpy as np
     import onnxruntime as ort
@@ -379,9 +386,24 @@ def check_repository(base_url: str, stack: Stack, job: dict[str, Any]) -> dict[s
     if models[MODEL_NAME]["versions"][-1].get("job_id") not in (None, job["id"]):
         raise SmokeFailure(f"latest version of {MODEL_NAME} was not published by job {job['id']}: {listing}")
 
+    # The published files themselves, read from the S3 server as any serving engine would.
     local = stack.run_dir / "repository"
-    stack.compose("cp", f"api:{DATA}/repository", str(local))
+    bucket, prefix = REPOSITORY
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=f"http://127.0.0.1:{stack.s3_port}",
+        region_name="us-east-1",
+        aws_access_key_id=stack.env["MINIO_ROOT_USER"],
+        aws_secret_access_key=stack.env["MINIO_ROOT_PASSWORD"],
+    )
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for obj in page.get("Contents", []):
+            dest = local / obj["Key"][len(prefix) :]
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            s3.download_file(bucket, obj["Key"], str(dest))
     model_dir = local / MODEL_NAME
+    if not (model_dir / "config.pbtxt").is_file():
+        raise SmokeFailure(f"s3://{bucket}/{prefix}{MODEL_NAME}/config.pbtxt missing; got {sorted(local.rglob('*'))}")
     config = model_config_pb2.ModelConfig()
     text_format.Parse((model_dir / "config.pbtxt").read_text(), config)  # Triton's own proto
     if config.platform != "onnxruntime_onnx":
@@ -445,7 +467,7 @@ def run(cache: Path, job_timeout: float) -> dict[str, float]:
             engine.start()
         with phase("base image"):
             ensure_base(engine, cache)
-        stack = Stack(engine, run_dir, free_port())
+        stack = Stack(engine, run_dir, api_port=free_port(), s3_port=free_port())
         with phase("build images"):
             stack.compose("--progress", "plain", "build", *BUILT, logfile=run_dir / "build.log")
         with phase("start stack (healthy)"):

@@ -179,15 +179,27 @@ def test_compose_kiln_settings_are_documented(compose_all: dict[str, Any]) -> No
 
 
 def test_compose_smoke_override_builds_everything_locally(tmp_path: Path) -> None:
-    cfg = _compose_config(tmp_path, "compose.yaml", "docker/compose.smoke.yaml", KILN_BASE_IMAGE="kiln-smoke/base:test")
+    cfg = _compose_config(
+        tmp_path,
+        "compose.yaml",
+        "docker/compose.smoke.yaml",
+        KILN_BASE_IMAGE="kiln-smoke/base:test",
+        KILN_SMOKE_S3_PORT="19000",
+    )
     services = cfg["services"]
-    for name in ("redis", "postgres", "api", "worker-onnxruntime"):
+    for name in ("redis", "postgres", "minio", "api", "worker-onnxruntime"):
         assert services[name]["build"]["args"]["BASE_IMAGE"] == "kiln-smoke/base:test", name
         assert services[name]["build"]["network"] == "host", name
     assert services["worker-onnxruntime"]["build"]["args"]["EXTRAS"] == "onnxruntime,service"
-    # No MinIO in the smoke stack: the API and worker share a volume instead of waiting on s3-init.
-    assert set(services["api"]["depends_on"]) == {"redis", "postgres", "migrate"}
-    assert set(services["worker-onnxruntime"]["depends_on"]) == {"redis", "postgres", "migrate"}
+    assert services["minio"].get("command") is None  # MinIO's `server /data ...` is not for SeaweedFS
+    assert services["minio"]["ports"] == [
+        {"mode": "ingress", "host_ip": "127.0.0.1", "target": 9000, "published": "19000", "protocol": "tcp"}
+    ]
+    # Everything else is compose.yaml's: settings, start order, one-shots.
+    plain = _compose_config(tmp_path, "compose.yaml")["services"]
+    for name in ("api", "worker-onnxruntime", "s3-init", "migrate"):
+        assert services[name]["environment"] == plain[name]["environment"], name
+        assert services[name].get("depends_on") == plain[name].get("depends_on"), name
 
 
 # --- Dockerfiles --------------------------------------------------------------------------------
