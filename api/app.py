@@ -65,6 +65,7 @@ def create_app(
     state.repository = open_repository(settings)
     state.registry = registry or default_registry()
     state.token_cache = TokenCache()
+    state.job_bodies = job_routes.JobBodies()
     state.worker_max_age = max(3 * settings.step_heartbeat_interval, 15.0)
     state.metrics = Metrics(state)
     install_error_handlers(app)

@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
+
 from services.errors import Forbidden, Unauthorized
 from services.jobs.store import hash_token
 
@@ -56,7 +58,7 @@ class TokenCache:
             self._items[digest] = (time.monotonic() + CACHE_SECONDS, principal)
 
 
-def authenticate(state: Any, token: str | None, scope: str) -> Principal:
+async def authenticate(state: Any, token: str | None, scope: str) -> Principal:
     """Return the caller for ``token`` if it may use ``scope``; raise UNAUTHORIZED or FORBIDDEN."""
     if not state.settings.auth_enabled:
         return ANONYMOUS
@@ -66,7 +68,7 @@ def authenticate(state: Any, token: str | None, scope: str) -> Principal:
     digest = hash_token(token)
     principal = cache.get(digest)
     if principal is None:
-        rec = state.jobs.verify_token(token)
+        rec = await run_in_threadpool(state.jobs.verify_token, token)
         if rec is None:
             raise Unauthorized("the API token is unknown or revoked")
         scopes: set[str] = set()

@@ -1,5 +1,8 @@
 """Dependencies of the routes, as ``Annotated`` aliases: settings, job store, Celery, storage, auth.
 
+They are ``async`` because they do no I/O: FastAPI would run a plain ``def`` dependency in
+its thread pool, a thread hop per dependency per request.
+
 Everything hangs off ``app.state`` (set by ``create_app``), so a test builds an app with
 its own settings and Celery app instead of patching globals.
 """
@@ -31,27 +34,27 @@ __all__ = [
 ]
 
 
-def get_app_settings(request: Request) -> Settings:
+async def get_app_settings(request: Request) -> Settings:
     return request.app.state.settings  # type: ignore[no-any-return]
 
 
-def get_job_store(request: Request) -> JobStore:
+async def get_job_store(request: Request) -> JobStore:
     return request.app.state.jobs  # type: ignore[no-any-return]
 
 
-def get_celery(request: Request) -> Any:
+async def get_celery(request: Request) -> Any:
     return request.app.state.celery
 
 
-def get_store(request: Request) -> ArtifactStore:
+async def get_store(request: Request) -> ArtifactStore:
     return request.app.state.store  # type: ignore[no-any-return]
 
 
-def get_repository(request: Request) -> ModelRepository:
+async def get_repository(request: Request) -> ModelRepository:
     return request.app.state.repository  # type: ignore[no-any-return]
 
 
-def get_registry(request: Request) -> Registry:
+async def get_registry(request: Request) -> Registry:
     return request.app.state.registry  # type: ignore[no-any-return]
 
 
@@ -66,10 +69,13 @@ _bearer = HTTPBearer(auto_error=False, description="An API token from `kiln toke
 
 
 def _require(scope: str) -> Any:
-    def dependency(
+    # async, like the getters above: FastAPI runs a sync dependency in the thread pool, a hop
+    # per dependency per request. The only blocking part (a token's first lookup) is
+    # pushed to a thread by authenticate itself.
+    async def dependency(
         request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
     ) -> Principal:
-        return authenticate(request.app.state, credentials.credentials if credentials else None, scope)
+        return await authenticate(request.app.state, credentials.credentials if credentials else None, scope)
 
     dependency.__name__ = f"require_{scope}"
     return dependency

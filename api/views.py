@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 from api.schemas import ErrorPublic, JobPublic, SourcePublic, StepPublic, TargetPublic
@@ -26,8 +27,15 @@ def _error(body: dict[str, Any] | None) -> ErrorPublic | None:
     )
 
 
+@lru_cache(maxsize=8192)
+def _cached_uri(store: ArtifactStore, key: str) -> str:
+    # Keys are content addresses, so a key's URI never changes; a local store's uri() would
+    # otherwise resolve the path (several syscalls) for every step of every GET.
+    return store.uri(key)
+
+
 def _uri(store: ArtifactStore, key: str | None) -> str | None:
-    return store.uri(key) if key else None
+    return _cached_uri(store, key) if key else None
 
 
 def _step_public(row: JobStep, store: ArtifactStore) -> StepPublic:

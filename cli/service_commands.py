@@ -34,18 +34,27 @@ def _settings(**overrides: Any) -> Any:
 @click.option("--port", default=8000, show_default=True, type=int)
 @click.option("--workers", default=1, show_default=True, type=int, help="uvicorn worker processes.")
 @click.option("--access-log/--no-access-log", default=True, show_default=True)
+@click.option(
+    "--http",
+    "http_impl",
+    type=click.Choice(["auto", "h11", "httptools"]),
+    default="auto",
+    show_default=True,
+    help="HTTP parser (auto: httptools when installed).",
+)
 @handle_errors
-def api_cmd(host: str, port: int, workers: int, access_log: bool) -> None:
+def api_cmd(host: str, port: int, workers: int, access_log: bool, http_impl: str) -> None:
     """Run the HTTP API against KILN_DATABASE_URL, KILN_BROKER_URL, KILN_REPOSITORY, KILN_ARTIFACT_STORE."""
     import uvicorn
 
+    opts: dict[str, Any] = {"host": host, "port": port, "access_log": access_log, "http": http_impl}
     if workers > 1:
         # Each process builds its own app from the environment.
-        uvicorn.run("api.app:create_app", factory=True, host=host, port=port, workers=workers, access_log=access_log)
+        uvicorn.run("api.app:create_app", factory=True, workers=workers, **opts)
         return
     from api.app import create_app
 
-    uvicorn.run(create_app(_settings()), host=host, port=port, access_log=access_log)
+    uvicorn.run(create_app(_settings()), **opts)
 
 
 @main.command("worker")
@@ -135,7 +144,13 @@ class _WorkerSupervisor(threading.Thread):
     show_default=True,
     help="Model repository directory.",
 )
-@click.option("--concurrency", default=1, show_default=True, type=int, help="Steps the worker runs at once.")
+@click.option(
+    "--concurrency",
+    default=2,
+    show_default=True,
+    type=int,
+    help="Steps the worker runs at once (a job's targets branch after their shared steps).",
+)
 @handle_errors
 def serve_cmd(host: str, port: int, repo: Path, concurrency: int) -> None:
     """Run the API and a worker for every engine installed here: SQLite, local directories, no broker server."""

@@ -305,12 +305,15 @@ def test_cancelling_a_queued_job_means_it_never_runs(client: TestClient, cnn_onn
     assert {s["status"] for s in job["steps"]} == {"cancelled"}
     assert client.delete(f"/jobs/{job_id}").json()["status"] == "cancelled"  # idempotent
     # Its events stream ends (the job is final) and says so.
-    events = [
-        json.loads(line[6:])
-        for line in client.get(f"/jobs/{job_id}/events").text.splitlines()
-        if line.startswith("data: ")
-    ]
+    stream = client.get(f"/jobs/{job_id}/events")
+    assert stream.headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(line[6:]) for line in stream.text.splitlines() if line.startswith("data: ")]
+    ids = [int(line[4:]) for line in stream.text.splitlines() if line.startswith("id: ")]
     assert [e["type"] for e in events][-2:] == ["cancelled", "finished"]
+    # A client reconnecting with Last-Event-ID gets only what it missed; after the end, nothing.
+    resumed = client.get(f"/jobs/{job_id}/events", headers={"Last-Event-ID": str(ids[-3])}).text
+    assert [int(line[4:]) for line in resumed.splitlines() if line.startswith("id: ")] == ids[-2:]
+    assert "id: " not in client.get(f"/jobs/{job_id}/events", headers={"Last-Event-ID": str(ids[-1])}).text
     r = client.get(f"/jobs/{job_id}/artifacts/onnxruntime")
     assert r.status_code == 404 and "no artifact" in r.json()["message"]
     r = client.get(f"/jobs/{job_id}/artifacts/tflite")

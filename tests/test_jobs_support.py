@@ -287,10 +287,14 @@ def raising_step(ctx: Any) -> Any:
 
 
 def slow_export_onnxruntime(ctx: Any) -> Any:
-    """The real onnxruntime exporter, held until $KILN_TEST_GATE/release exists (marks $KILN_TEST_GATE/started-N)."""
+    """The real onnxruntime exporter, held at a gate: $KILN_TEST_GATE/<job id>/release must exist.
+
+    Marks $KILN_TEST_GATE/<job id>/started-<pid> first, so a test knows the step is running and
+    which process runs it.
+    """
     from services.exporters.onnxruntime import export_onnxruntime
 
-    gate = Path(os.environ["KILN_TEST_GATE"])
+    gate = Path(os.environ["KILN_TEST_GATE"]) / ctx.job_id
     gate.mkdir(parents=True, exist_ok=True)
     (gate / f"started-{os.getpid()}").touch()
     deadline = time.monotonic() + 120

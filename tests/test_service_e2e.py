@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import os
 import signal
 import tarfile
 import time
@@ -181,7 +182,9 @@ def test_restarting_the_api_mid_job_loses_nothing(cluster: Cluster, cnn_onnx: Pa
     assert {t["published"]["version"] for t in job["targets"].values()} == {2}
 
 
-def test_a_worker_sigkilled_mid_conversion_loses_no_job(cluster: Cluster, cnn_onnx: Path) -> None:
+@pytest.fixture(scope="module")
+def gated(cluster: Cluster) -> Iterator[Any]:
+    """The same service in-process, with the onnxruntime exporter held at a per-job gate."""
     from fastapi.testclient import TestClient
 
     from api.app import create_app
@@ -190,7 +193,6 @@ def test_a_worker_sigkilled_mid_conversion_loses_no_job(cluster: Cluster, cnn_on
     from services.spec import TargetName
     from workers.app import create_celery_app
 
-    # The same service, with the onnxruntime exporter held at a gate until the test opens it.
     reg = Registry()
     for conv in default_registry().converters:
         reg.add_converter(conv)
@@ -198,46 +200,81 @@ def test_a_worker_sigkilled_mid_conversion_loses_no_job(cluster: Cluster, cnn_on
         if exp.target is TargetName.ONNXRUNTIME:
             exp = dataclasses.replace(exp, entry="test_jobs_support:slow_export_onnxruntime")
         reg.add_exporter(exp)
-    settings = Settings(
-        cache_dir=cluster.root / "inproc-cache", **{k: v for k, v in cluster.env.items() if k != "test_gate"}
-    )
-    app = create_app(settings, create_celery_app(settings), registry=reg)
-    gate = Path(cluster.env["test_gate"])
-    with TestClient(app) as client:
-        with open(cnn_onnx, "rb") as fh:
-            r = client.post(
-                "/compile",
-                files={
-                    "model": ("killme.onnx", fh),
-                    "spec": (None, '{"targets": ["onnxruntime"], "benchmark": false}'),
-                },
-                params={"cache": "false"},
-            )
-        assert r.status_code == 202, r.text
-        job_id = r.json()["id"]
-        deadline = time.monotonic() + 90
-        while not list(gate.glob("started-*")) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert list(gate.glob("started-*")), client.get(f"/jobs/{job_id}/logs").text
-        victim = cluster.workers["onnxruntime"]
-        victim.kill_group(signal.SIGKILL)  # the worker, its forkserver and the converting child
-        victim.popen.wait(10)
-        (gate / "release").touch()
-        replacement = cluster.start_worker("onnxruntime")
-        deadline = time.monotonic() + 120
-        job: dict[str, Any] = {}
-        while time.monotonic() < deadline:
-            job = client.get(f"/jobs/{job_id}").json()
-            if job["status"] in ("succeeded", "failed"):
-                break
-            assert replacement.alive(), replacement.tail()
-            time.sleep(0.3)
-        assert job["status"] == "succeeded", job
-        export = next(s for s in job["steps"] if s["id"] == "export:onnxruntime")
-        assert export["attempt"] == 2 and export["worker"] != job["steps"][0]["worker"]
-        events = client.get(f"/jobs/{job_id}/logs").text
-        assert "step_requeued" in events and "stopped heartbeating" in events
-        assert job["targets"]["onnxruntime"]["parity"]["passed"] is True
+    env = {k: v for k, v in cluster.env.items() if k != "test_gate"}
+    settings = Settings(cache_dir=cluster.root / "inproc-cache", **env)
+    with TestClient(create_app(settings, create_celery_app(settings), registry=reg)) as client:
+        yield client
+
+
+def _submit_gated(client: Any, cnn_onnx: Path, gate_root: Path) -> tuple[str, Path, int]:
+    """Submit a job and wait until its export step is running; return (job id, its gate, the step's pid)."""
+    with open(cnn_onnx, "rb") as fh:
+        r = client.post(
+            "/compile",
+            files={"model": ("gated.onnx", fh), "spec": (None, '{"targets": ["onnxruntime"], "benchmark": false}')},
+            params={"cache": "false"},
+        )
+    assert r.status_code == 202, r.text
+    job_id = r.json()["id"]
+    gate = gate_root / job_id
+    deadline = time.monotonic() + 90
+    while not list(gate.glob("started-*")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    started = list(gate.glob("started-*"))
+    assert started, client.get(f"/jobs/{job_id}/logs").text
+    return job_id, gate, int(started[0].name.split("-")[1])
+
+
+def _wait_in_process(client: Any, job_id: str, watch: Proc | None = None, timeout: float = 120) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    job: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        job = client.get(f"/jobs/{job_id}").json()
+        if job["status"] in ("succeeded", "failed", "cancelled") and not any(
+            s["status"] == "running" for s in job["steps"]
+        ):
+            return job
+        if watch is not None:
+            assert watch.alive(), watch.tail()
+        time.sleep(0.2)
+    raise AssertionError(job)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def test_cancelling_a_running_job_stops_its_step(cluster: Cluster, gated: Any, cnn_onnx: Path) -> None:
+    job_id, gate, pid = _submit_gated(gated, cnn_onnx, Path(cluster.env["test_gate"]))
+    r = gated.delete(f"/jobs/{job_id}")
+    assert r.status_code == 202 and r.json()["status"] == "cancelled"
+    job = _wait_in_process(gated, job_id, timeout=30)
+    export = next(s for s in job["steps"] if s["id"] == "export:onnxruntime")
+    assert export["status"] == "cancelled" and export["error"]["code"] == "CANCELLED"
+    assert next(s for s in job["steps"] if s["id"] == "publish:onnxruntime")["status"] == "cancelled"
+    assert not _pid_alive(pid)  # the converting child was killed, not left to finish
+    assert not (gate / "release").exists()
+
+
+def test_a_worker_sigkilled_mid_conversion_loses_no_job(cluster: Cluster, gated: Any, cnn_onnx: Path) -> None:
+    job_id, gate, pid = _submit_gated(gated, cnn_onnx, Path(cluster.env["test_gate"]))
+    victim = cluster.workers["onnxruntime"]
+    victim.kill_group(signal.SIGKILL)  # the worker, its forkserver and the converting child
+    victim.popen.wait(10)
+    (gate / "release").touch()
+    replacement = cluster.start_worker("onnxruntime")
+    job = _wait_in_process(gated, job_id, watch=replacement)
+    assert job["status"] == "succeeded", job
+    export = next(s for s in job["steps"] if s["id"] == "export:onnxruntime")
+    assert export["attempt"] == 2 and export["worker"] != job["steps"][0]["worker"]
+    log = gated.get(f"/jobs/{job_id}/logs").text
+    assert "step_requeued" in log and "stopped heartbeating" in log
+    assert job["targets"]["onnxruntime"]["parity"]["passed"] is True
+    assert not _pid_alive(pid)  # the first attempt's child died with its worker
 
 
 @pytest.fixture(scope="module")

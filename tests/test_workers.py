@@ -206,3 +206,22 @@ def test_only_transient_errors_are_retried(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setattr(workers.tasks, "execute_step", user_error)
     assert task.apply(args=["job", "step"]).state == "FAILURE"
     assert calls.count("user") == 1
+
+
+def test_the_embedded_broker_never_hands_out_a_half_written_message(tmp_path: Path) -> None:
+    from workers.app import create_celery_app
+
+    app = create_celery_app(Settings(cache_dir=tmp_path))
+    assert app.conf.broker_transport == "workers.broker:Transport"
+    folder = Path(app.conf.broker_transport_options["data_folder_in"])
+    # What kombu's own transport leaves visible while a publisher is still writing:
+    (folder / ".tmp-1_x.kiln.onnxruntime.msg").write_bytes(b"")
+    app.send_task("kiln.step.onnxruntime", args=["job", "step"], queue="kiln.onnxruntime")
+    with app.connection_for_read() as conn:
+        queue = conn.SimpleQueue("kiln.onnxruntime")
+        message = queue.get(timeout=5)
+        assert message.headers["task"] == "kiln.step.onnxruntime"
+        assert message.payload[0] == ["job", "step"]
+        message.ack()
+        queue.close()
+    assert [p.name for p in folder.iterdir()] == [".tmp-1_x.kiln.onnxruntime.msg"]

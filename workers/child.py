@@ -199,6 +199,13 @@ def _child_main(req: StepRequest, conn: Any, log_path: Path) -> None:
         payload = {"ok": False, "error": err.to_dict()}
     conn.send(("done", payload))
     conn.close()
+    # Leave now: the artifact is stored and the result sent. A normal exit would join
+    # library threads (OpenVINO's telemetry keeps one), costing up to a second per step.
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _uploaded_file(directory: Path, filename: str) -> Path:

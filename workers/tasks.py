@@ -15,7 +15,8 @@ import socket
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,7 @@ class StepRun:
     step_id: str
     outcome: str  # skipped | succeeded | failed | cancelled | lost
     cached: bool = False
+    timings: dict[str, float] = field(default_factory=dict)  # ms: claim, run, step, record
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -92,51 +94,76 @@ def _cached_publish(claim: ClaimedStep, step: PlanStep, spec: CompileSpec, jobs:
     return {**prev, "reused": True}
 
 
+class _StepKeeper(threading.Thread):
+    """Heartbeats a claimed step and records its progress from claim to result.
+
+    A thread of its own, so the step keeps its claim whatever the task is doing meanwhile
+    (waiting for the forkserver, fetching a large input from S3, running the child); it
+    notices a cancel or a takeover and says so through ``verdict``.
+    """
+
+    def __init__(self, jobs: JobStore, claim: ClaimedStep, interval: float) -> None:
+        super().__init__(name=f"kiln-keeper-{claim.step_id}", daemon=True)
+        self.jobs, self.claim, self.interval = jobs, claim, interval
+        self.verdict: str | None = None  # "cancel" | "lost"
+        self._pending: list[str] = []
+        self._lock = threading.Lock()
+        self._stop_event = threading.Event()
+
+    def progress(self, message: str) -> None:
+        with self._lock:
+            self._pending.append(message)
+
+    def flush(self) -> None:
+        with self._lock:
+            batch, self._pending = self._pending, []
+        if batch:
+            try:
+                self.jobs.progress(self.claim.job_id, self.claim.step_id, batch)
+            except Exception:  # progress is best effort; the step's result is what counts
+                log.warning("could not record progress of %s/%s", self.claim.job_id, self.claim.step_id, exc_info=True)
+
+    def beat(self) -> None:
+        try:
+            ours, cancelled = self.jobs.heartbeat(self.claim.job_id, self.claim.step_id, self.claim.attempt)
+        except Exception:
+            log.warning("heartbeat failed for %s/%s", self.claim.job_id, self.claim.step_id, exc_info=True)
+            return
+        if cancelled:
+            self.verdict = "cancel"
+        elif not ours:
+            self.verdict = "lost"
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval):
+            self.flush()
+            self.beat()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        if self.is_alive():
+            self.join()
+        self.flush()
+
+
 def _run_claimed(claim: ClaimedStep, jobs: JobStore, settings: Settings) -> ChildResult:
     step = PlanStep.from_dict(claim.step)
     spec = CompileSpec.model_validate(claim.spec)
     started = time.monotonic()
-    store = open_store(settings)
-    hit = _cached_artifact(claim, step, spec, store, settings)
-    if hit is not None:
-        key, meta = hit
-        return ChildResult(ok=True, key=key, cached=True, seconds=time.monotonic() - started, meta=meta)
-    reused = _cached_publish(claim, step, spec, jobs, settings)
-    if reused is not None:
-        return ChildResult(ok=True, cached=True, seconds=time.monotonic() - started, meta=reused)
-
-    pending: list[str] = []
-    lock = threading.Lock()
-    last_flush = [time.monotonic()]
-
-    def on_progress(message: str) -> None:
-        with lock:
-            pending.append(message)
-        if time.monotonic() - last_flush[0] > 0.5:
-            flush()
-
-    def flush() -> None:
-        with lock:
-            batch, pending[:] = list(pending), []
-        last_flush[0] = time.monotonic()
-        try:
-            jobs.progress(claim.job_id, claim.step_id, batch)
-        except Exception:  # progress is best effort; the step's result is what counts
-            log.warning("could not record progress of %s/%s", claim.job_id, claim.step_id, exc_info=True)
-
-    def tick() -> str | None:
-        flush()
-        try:
-            ours, cancelled = jobs.heartbeat(claim.job_id, claim.step_id, claim.attempt)
-        except Exception:
-            log.warning("heartbeat failed for %s/%s", claim.job_id, claim.step_id, exc_info=True)
-            return None
-        if cancelled:
-            return "cancel"
-        return None if ours else "lost"
-
-    scratch = Path(tempfile.mkdtemp(prefix="kiln-step-", dir=_scratch_root(settings)))
+    # Cancellation is noticed within a second even with a slow heartbeat setting.
+    keeper = _StepKeeper(jobs, claim, interval=min(settings.step_heartbeat_interval, 1.0))
+    keeper.start()
+    scratch: Path | None = None
     try:
+        store = open_store(settings)
+        hit = _cached_artifact(claim, step, spec, store, settings)
+        if hit is not None:
+            key, meta = hit
+            return ChildResult(ok=True, key=key, cached=True, seconds=time.monotonic() - started, meta=meta)
+        reused = _cached_publish(claim, step, spec, jobs, settings)
+        if reused is not None:
+            return ChildResult(ok=True, cached=True, seconds=time.monotonic() - started, meta=reused)
+        scratch = Path(tempfile.mkdtemp(prefix="kiln-step-", dir=_scratch_root(settings)))
         req = StepRequest(
             job_id=claim.job_id,
             step=claim.step,
@@ -151,18 +178,18 @@ def _run_claimed(claim: ClaimedStep, jobs: JobStore, settings: Settings) -> Chil
             calibration_sha256=claim.calibration_sha256,
             use_cache=claim.use_cache,
         )
-        result = run_in_child(
+        return run_in_child(
             req,
             soft_limit=settings.step_soft_time_limit,
             hard_limit=settings.step_hard_time_limit,
-            on_progress=on_progress,
-            tick=tick,
-            tick_interval=min(settings.step_heartbeat_interval, 1.0),
+            on_progress=keeper.progress,
+            tick=lambda: keeper.verdict,
+            tick_interval=0.2,
         )
-        flush()
-        return result
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        keeper.stop()
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _scratch_root(settings: Settings) -> Path:
@@ -175,8 +202,10 @@ def execute_step(
     job_id: str, step_id: str, *, settings: Settings, celery_app: Any, jobs: JobStore | None = None
 ) -> StepRun:
     """Run one delivery of ``(job_id, step_id)``; return what it did."""
-    jobs = jobs or JobStore(database_url(settings))
+    jobs = jobs or _job_store(database_url(settings))
+    t0 = time.perf_counter()
     claim = jobs.claim_step(job_id, step_id, worker_name(), settings.step_stale_after)
+    t1 = time.perf_counter()
     if claim is None:
         log.info(
             "step %s of job %s is not runnable here (done, cancelled or owned); dropping delivery", step_id, job_id
@@ -194,6 +223,7 @@ def execute_step(
         except Exception:
             log.warning("could not release %s/%s; the stale-step sweep will", job_id, step_id)
         raise
+    t2 = time.perf_counter()
     if result.lost:
         log.warning("step %s of job %s was taken over by another worker; dropping this run", step_id, job_id)
         return StepRun(job_id, step_id, "lost")
@@ -218,4 +248,15 @@ def execute_step(
     if advance is None:
         return StepRun(job_id, step_id, "lost")
     enqueue_steps(celery_app, job_id, advance.queued)
-    return StepRun(job_id, step_id, status, cached=result.cached)
+    timings = {
+        "claim": (t1 - t0) * 1000,
+        "run": (t2 - t1) * 1000,
+        "step": result.seconds * 1000,
+        "record": (time.perf_counter() - t2) * 1000,
+    }
+    return StepRun(job_id, step_id, status, cached=result.cached, timings=timings)
+
+
+@cache
+def _job_store(url: str) -> JobStore:
+    return JobStore(url)

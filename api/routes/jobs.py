@@ -7,12 +7,14 @@ import json
 import shutil
 import tarfile
 import tempfile
+import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import FileResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import FileResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from api.deps import JobStoreDep, ReadAuth, SettingsDep, StoreDep, WriteAuth
@@ -20,14 +22,14 @@ from api.schemas import ErrorPublic, JobPublic, JobsPublic, JobStatus
 from api.views import job_public
 from services.artifacts import DESCRIPTOR
 from services.errors import NotFound
-from services.jobs.models import FINAL_JOB_STATES, JobEvent
+from services.jobs.models import FINAL_JOB_STATES, OPEN_STEP_STATES, JobEvent
 from services.jobs.store import JobStore
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 _404 = {404: {"model": ErrorPublic, "description": "NOT_FOUND"}}
-#: Seconds between polls of the events table by an open SSE stream, and between keep-alives.
-SSE_POLL = 0.25
+#: Seconds between polls of a job's version by an open SSE stream, and between keep-alives.
+SSE_POLL = 0.1
 SSE_KEEPALIVE = 15.0
 
 
@@ -46,10 +48,58 @@ def list_jobs(
     return JobsPublic(data=[job_public(j, store) for j in rows], count=count)
 
 
+class JobBodies:
+    """Serialized job views, keyed by job id, with the version (newest event id) they show.
+
+    Pipelines poll GET /jobs/{id}. A finished job (no step still being stopped) never
+    changes, so its body is served from here without touching the database; a running
+    job costs one indexed query for its version, and is rebuilt only when that moved.
+    """
+
+    def __init__(self, size: int = 1024) -> None:
+        self.size = size
+        self._items: OrderedDict[str, tuple[int, bool, bytes]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, job_id: str) -> tuple[int, bool, bytes] | None:
+        with self._lock:
+            item = self._items.get(job_id)
+            if item is not None:
+                self._items.move_to_end(job_id)
+            return item
+
+    def put(self, job_id: str, version: int, final: bool, body: bytes) -> None:
+        with self._lock:
+            self._items[job_id] = (version, final, body)
+            self._items.move_to_end(job_id)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+
+def _job_body(jobs: JobStore, store: Any, cache: JobBodies, job_id: str) -> bytes:
+    # The version is read before the job, so a body is never cached under a newer version
+    # than it shows (at worst it is rebuilt once more).
+    version = jobs.job_version(job_id)
+    item = cache.get(job_id)
+    if item is not None and version is not None and item[0] == version:
+        return item[2]
+    job = jobs.get_job(job_id)  # NOT_FOUND for an unknown job
+    # Serialized once here, not validated again by FastAPI: this is the hottest route.
+    body = job_public(job, store).model_dump_json().encode()
+    final = job.status in FINAL_JOB_STATES and not any(s.status in OPEN_STEP_STATES for s in job.steps)
+    cache.put(job_id, version or 0, final, body)
+    return body
+
+
 @router.get("/{job_id}", response_model=JobPublic, responses=_404, summary="Read a job")
-def get_job(job_id: str, _: ReadAuth, jobs: JobStoreDep, store: StoreDep) -> JobPublic:
+async def get_job(job_id: str, request: Request, _: ReadAuth, jobs: JobStoreDep, store: StoreDep) -> Response:
     """Return the job: status, plan, steps with timings and errors, per-target parity, benchmark and artifacts."""
-    return job_public(jobs.get_job(job_id), store)
+    cache: JobBodies = request.app.state.job_bodies
+    item = cache.get(job_id)
+    if item is not None and item[1]:
+        return Response(item[2], media_type="application/json")
+    body = await run_in_threadpool(_job_body, jobs, store, cache, job_id)
+    return Response(body, media_type="application/json")
 
 
 @router.delete("/{job_id}", response_model=JobPublic, responses=_404, status_code=202, summary="Cancel a job")
@@ -67,26 +117,24 @@ def _sse(event: JobEvent) -> str:
 async def _event_stream(request: Request, jobs: JobStore, job_id: str, after: int) -> Any:
     last = after
     idle = 0.0
+    polls = 0
     yield "retry: 2000\n\n"
     while True:
-        events = await run_in_threadpool(jobs.events, job_id, last)
-        for ev in events:
-            last = ev.id
-            yield _sse(ev)
-            if ev.type == "finished":
-                return
-        if events:
+        # The job's version (its newest event id) is one indexed query; events are read only
+        # when it moved, so a stream can poll often without loading the database.
+        version = await run_in_threadpool(jobs.job_version, job_id)
+        if version is not None and version > last:
+            for ev in await run_in_threadpool(jobs.events, job_id, last):
+                last = ev.id
+                yield _sse(ev)
+                if ev.type == "finished":
+                    return
             idle = 0.0
             continue
-        # No news: stop if the job ended before this stream's first event (its "finished" was
-        # already seen by the client), else wait and keep the connection warm.
-        if await run_in_threadpool(jobs.job_status, job_id) in FINAL_JOB_STATES:
-            tail = await run_in_threadpool(jobs.events, job_id, last)
-            for ev in tail:
-                yield _sse(ev)
-            if not tail:
-                return
-            continue
+        polls += 1
+        # A client resuming after the job's `finished` event would wait forever: end then.
+        if polls % 10 == 1 and await run_in_threadpool(jobs.job_status, job_id) in FINAL_JOB_STATES:
+            return
         if await request.is_disconnected():
             return
         await asyncio.sleep(SSE_POLL)

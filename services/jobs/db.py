@@ -76,6 +76,9 @@ def get_engine(url: str) -> Engine:
             if url.startswith("sqlite"):
                 engine = _sqlite_engine(url)
             else:
-                engine = create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+                # No pre-ping: it costs a round trip per checkout, on every request. A
+                # connection broken by a server restart fails once; SQLAlchemy then sees the
+                # disconnect and refreshes the whole pool. Recycling bounds idle connections.
+                engine = create_engine(url, pool_size=10, max_overflow=20, pool_recycle=600)
             _ENGINES[key] = engine
         return engine

@@ -12,6 +12,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    Index,
     Integer,
     String,
     Text,
@@ -138,9 +139,12 @@ class JobEvent(Base):
     """A progress event of a job, in order; the SSE stream and the logs read these."""
 
     __tablename__ = "job_events"
+    # (job_id, id): the SSE stream reads "events of a job after id N", and a job's newest
+    # event id is its version (GET /jobs/{id} serves a cached body while it is unchanged).
+    __table_args__ = (Index("ix_job_events_job_id_id", "job_id", "id"),)
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     type: Mapped[str] = mapped_column(String(32))
     step: Mapped[str | None] = mapped_column(String(255), nullable=True)

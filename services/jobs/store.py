@@ -105,7 +105,13 @@ class JobStore:
     def __init__(self, url: str) -> None:
         self.url = url
         self.engine = get_engine(url)
-        self._reader = sessionmaker(self.engine, expire_on_commit=False)
+        # Reads on PostgreSQL run in autocommit: no BEGIN/COMMIT round trips on the hot
+        # GET paths. Each read is a statement or two; none needs a snapshot across them.
+        reader = self.engine
+        if self.engine.dialect.name == "postgresql":
+            reader = self.engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._reader = sessionmaker(reader, expire_on_commit=False)
+        self._core_reader = reader  # single-statement reads skip the ORM session entirely
         self._writer = sessionmaker(self.engine.execution_options(**{IMMEDIATE: True}), expire_on_commit=False)
         self._pg = self.engine.dialect.name == "postgresql"
 
@@ -135,7 +141,9 @@ class JobStore:
     def _lock_job(self, s: Session, job_id: str) -> Job:
         q = select(Job).where(Job.id == job_id)
         if self._pg:
-            q = q.with_for_update()
+            # FOR NO KEY UPDATE: serialises the job's state changes without blocking inserts of
+            # its events (their foreign key takes a KEY SHARE lock, which FOR UPDATE would block).
+            q = q.with_for_update(key_share=True)
         job = s.scalars(q).one_or_none()
         if job is None:
             raise NotFound(f"no job {job_id}", hint="List jobs with GET /jobs.")
@@ -266,10 +274,19 @@ class JobStore:
                 ).all()
             )
 
+    def job_version(self, job_id: str) -> int | None:
+        """Return the id of the job's newest event (None for an unknown job).
+
+        Every change the job's public view shows is recorded together with an event, so this
+        number changes whenever the view does: a cheap "has anything changed?" query.
+        """
+        with self._core_reader.connect() as conn:
+            return conn.execute(select(func.max(JobEvent.id)).where(JobEvent.job_id == job_id)).scalar()
+
     def job_status(self, job_id: str) -> str:
         """Return only the job's status (cheap; the SSE loop polls it)."""
-        with self.read() as s:
-            status = s.scalar(select(Job.status).where(Job.id == job_id))
+        with self._core_reader.connect() as conn:
+            status = conn.execute(select(Job.status).where(Job.id == job_id)).scalar()
             if status is None:
                 raise NotFound(f"no job {job_id}", hint="List jobs with GET /jobs.")
             return status
@@ -509,6 +526,8 @@ class JobStore:
                         s, row.job_id, "step_requeued", row.step_id, reason=f"worker {row.worker} stopped heartbeating"
                     )
                     row.worker = None
+                else:
+                    self.add_event(s, row.job_id, "step_reannounced", row.step_id)
                 row.status, row.queued_at = "queued", now
                 out.append((row.job_id, row.step_id, row.engine))
         return out
