@@ -17,6 +17,7 @@ from services.errors import InvalidSpec
 from services.formats import Format
 
 __all__ = [
+    "DEFAULT_TOLERANCES",
     "BenchmarkSpec",
     "CompileSpec",
     "InputSpec",
@@ -24,7 +25,6 @@ __all__ = [
     "TargetName",
     "Tolerances",
     "ValidationSpec",
-    "DEFAULT_TOLERANCES",
     "load_spec",
     "spec_json_schema",
 ]

@@ -11,8 +11,8 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, str(Path(__file__).parent))
 
-from models import tiny_cnn_onnx, tiny_transformer_onnx  # noqa: E402
-from storage_servers import s3_server  # noqa: E402,F401 - session fixture: a real S3 server on loopback
+from models import tiny_cnn_onnx, tiny_transformer_onnx
+from storage_servers import s3_server  # noqa: F401 - session fixture: a real S3 server on loopback
 
 
 @pytest.fixture(scope="session")

@@ -44,7 +44,7 @@ def test_tflite_hdf5_and_openvino_magic(tmp_path: Path) -> None:
     xml = tmp_path / "model.xml"
     xml.write_text('<?xml version="1.0"?>\n<net name="m" version="11"><layers/></net>')
     assert detect_format(xml)[0] is Format.OPENVINO_IR
-    with pytest.raises(SourceUnreadable, match="no model.bin"):
+    with pytest.raises(SourceUnreadable, match=r"no model\.bin"):
         open_source(xml, tmp_path / "w")
 
 

@@ -407,14 +407,14 @@ def _prefix() -> str:
 
 
 @pytest.fixture(scope="module")
-def s3_client(s3_server: S3Server):  # noqa: F811
+def s3_client(s3_server: S3Server):
     """One client for the module: building a boto3 client costs ~0.3 s; clients are thread-safe."""
     return s3_server.client()
 
 
 class TestS3ArtifactStore(ArtifactStoreContract):
     @pytest.fixture
-    def store(self, s3_server: S3Server, s3_client) -> ArtifactStore:  # noqa: F811
+    def store(self, s3_server: S3Server, s3_client) -> ArtifactStore:
         from services.storage.s3 import S3ArtifactStore
 
         return S3ArtifactStore(s3_server.bucket, _prefix(), client=s3_client)
@@ -446,7 +446,7 @@ class TestS3ArtifactStore(ArtifactStoreContract):
         assert err.value.code == "SERVICE_UNAVAILABLE"
         assert "top.txt" in err.value.message
 
-    def test_errors_become_kiln_errors(self, s3_server: S3Server) -> None:  # noqa: F811
+    def test_errors_become_kiln_errors(self, s3_server: S3Server) -> None:
         from botocore.config import Config
 
         from services.storage.s3 import S3ArtifactStore
@@ -484,7 +484,7 @@ class TestS3ModelRepository(ModelRepositoryContract):
         return _prefix()
 
     @pytest.fixture
-    def make_repo(self, s3_server: S3Server, s3_client, prefix: str):  # noqa: F811
+    def make_repo(self, s3_server: S3Server, s3_client, prefix: str):
         from services.repository.s3 import S3ModelRepository
 
         return lambda **kw: S3ModelRepository(
@@ -502,12 +502,12 @@ class TestS3ModelRepository(ModelRepositoryContract):
         return write
 
     @pytest.fixture
-    def compile_store(self, s3_server: S3Server, s3_client, prefix: str) -> ArtifactStore:  # noqa: F811
+    def compile_store(self, s3_server: S3Server, s3_client, prefix: str) -> ArtifactStore:
         from services.storage.s3 import S3ArtifactStore
 
         return S3ArtifactStore(s3_server.bucket, prefix + "-store", client=s3_client)
 
-    def test_base_path_is_the_s3_url_servers_take(self, repo, prefix: str, s3_server: S3Server) -> None:  # noqa: F811
+    def test_base_path_is_the_s3_url_servers_take(self, repo, prefix: str, s3_server: S3Server) -> None:
         assert repo.base_path("cnn") == f"s3://{s3_server.bucket}/{prefix}/cnn"
         assert repo.uri() == f"s3://{s3_server.bucket}/{prefix}"
 
@@ -582,7 +582,7 @@ class TestS3ModelRepository(ModelRepositoryContract):
 # --------------------------------------------------------------------------- factory
 
 
-def _settings(s3_server: S3Server | None = None) -> Settings:  # noqa: F811
+def _settings(s3_server: S3Server | None = None) -> Settings:
     if s3_server is None:
         return Settings(_env_file=None)
     return Settings(
@@ -605,7 +605,7 @@ def test_factory_builds_local_backends_from_paths_and_file_urls(tmp_path: Path) 
     assert isinstance(repo, LocalModelRepository) and repo.root == (tmp_path / "r").resolve()
 
 
-def test_factory_builds_s3_backends_with_settings(s3_server: S3Server, tmp_path: Path) -> None:  # noqa: F811
+def test_factory_builds_s3_backends_with_settings(s3_server: S3Server, tmp_path: Path) -> None:
     from services.repository.s3 import S3ModelRepository
     from services.storage.factory import artifact_store_from_url, repository_from_url
     from services.storage.s3 import S3ArtifactStore

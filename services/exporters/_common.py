@@ -16,7 +16,7 @@ from services.runners import ModelRunner, open_runner
 from services.spec import Precision
 from services.validation import check_parity
 
-__all__ = ["adapt_feed", "finish_export", "calibration_feeds"]
+__all__ = ["adapt_feed", "calibration_feeds", "finish_export"]
 
 
 def adapt_feed(feed: dict[str, np.ndarray], runner: ModelRunner) -> dict[str, np.ndarray]:

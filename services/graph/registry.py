@@ -16,15 +16,15 @@ from services.formats import Format
 from services.spec import Precision, TargetName
 
 __all__ = [
+    "OPTIMIZE_ENTRY",
+    "PUBLISH_ENTRY",
+    "REFERENCE_ENTRY",
     "Converter",
     "Exporter",
     "Registry",
     "default_registry",
     "load_entry",
     "source_engine",
-    "REFERENCE_ENTRY",
-    "OPTIMIZE_ENTRY",
-    "PUBLISH_ENTRY",
 ]
 
 ALL_PRECISIONS = frozenset(Precision)

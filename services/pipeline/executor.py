@@ -29,7 +29,7 @@ from services.versions import tool_versions
 if TYPE_CHECKING:
     from services.repository.base import ModelRepository
 
-__all__ = ["StepOutcome", "source_artifact", "step_cache_key", "run_step"]
+__all__ = ["StepOutcome", "run_step", "source_artifact", "step_cache_key"]
 
 
 @dataclass

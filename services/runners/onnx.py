@@ -10,7 +10,7 @@ import numpy as np
 from services.errors import SourceUnreadable
 from services.runners.base import ModelRunner, TensorSpec
 
-__all__ = ["OnnxRuntimeRunner", "ORT_DTYPES"]
+__all__ = ["ORT_DTYPES", "OnnxRuntimeRunner"]
 
 #: ONNX Runtime's type strings -> numpy dtype names.
 ORT_DTYPES = {
