@@ -264,3 +264,41 @@ def test_job_rows_round_trip_timezones(jobs: JobStore) -> None:
     assert job.created_at.tzinfo is not None
     with jobs.read() as s:
         assert s.get(Job, job_id).created_at == job.created_at
+
+
+def test_a_worker_continues_with_a_ready_step_of_its_own_engines(jobs: JobStore) -> None:
+    job_id = _new_job(jobs)
+    jobs.advance(job_id)
+    claim = jobs.claim_step(job_id, "reference", "w1", stale_after=60)
+    assert claim is not None
+    adv = jobs.finish_step(
+        job_id,
+        "reference",
+        1,
+        status="succeeded",
+        seconds=0.1,
+        artifact_key="steps/ref",
+        continue_on=["onnxruntime"],
+        worker="w1",
+    )
+    # optimize (onnxruntime) is taken at once by w1, not queued: no broker round trip.
+    assert adv.queued == [] and adv.claimed is not None and adv.claimed.step_id == "optimize"
+    adv = jobs.finish_step(
+        job_id,
+        "optimize",
+        1,
+        status="succeeded",
+        seconds=0.1,
+        artifact_key="steps/opt",
+        continue_on=["onnxruntime"],
+        worker="w1",
+    )
+    # Two steps became ready: w1 keeps its engine's, the OpenVINO one goes to its queue.
+    assert adv.claimed.step_id == "export:onnxruntime" and adv.claimed.input_keys == {
+        "model": "steps/opt",
+        "reference": "steps/ref",
+    }
+    assert adv.queued == [("optimize/onnx-to-openvino-ir", "openvino")]
+    steps = {s.step_id: s for s in jobs.get_job(job_id).steps}
+    assert steps["export:onnxruntime"].status == "running" and steps["export:onnxruntime"].worker == "w1"
+    assert jobs.claim_step(job_id, "export:onnxruntime", "w2", stale_after=60) is None  # it is w1's

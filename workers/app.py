@@ -128,9 +128,19 @@ def _register_step_task(app: Any, engine: str, settings: Settings) -> None:
         max_retries=8,
     )
     def run_step_task(self: Any, job_id: str, step_id: str) -> dict[str, Any]:
+        # kiln_engines: what this worker serves (set by workers.main); the API's app has none.
         from workers.tasks import execute_step
 
-        run = execute_step(job_id, step_id, settings=self.app.conf.kiln_settings, celery_app=self.app)
-        times = " ".join(f"{k} {v:.0f}ms" for k, v in run.timings.items())
-        log.info("job %s step %s: %s%s %s", job_id, step_id, run.outcome, " (cached)" if run.cached else "", times)
-        return run.to_dict()
+        runs = execute_step(
+            job_id,
+            step_id,
+            settings=self.app.conf.kiln_settings,
+            celery_app=self.app,
+            engines=self.app.conf.get("kiln_engines", ()),
+        )
+        for run in runs:
+            times = " ".join(f"{k} {v:.0f}ms" for k, v in run.timings.items())
+            log.info(
+                "job %s step %s: %s%s %s", job_id, run.step_id, run.outcome, " (cached)" if run.cached else "", times
+            )
+        return {"runs": [run.to_dict() for run in runs]}

@@ -60,6 +60,7 @@ def run_worker(
     if url.startswith("sqlite"):
         upgrade(url)
     app = create_celery_app(settings)
+    app.conf.kiln_engines = tuple(served)  # lets a task run the next step of a chain itself
     child.configure(served, settings)
     hostname = f"kiln-{'+'.join(served)}-{os.getpid()}@{socket.gethostname()}"
     maintenance = Maintenance(

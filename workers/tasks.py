@@ -15,6 +15,7 @@ import socket
 import tempfile
 import threading
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -199,34 +200,60 @@ def _scratch_root(settings: Settings) -> Path:
 
 
 def execute_step(
-    job_id: str, step_id: str, *, settings: Settings, celery_app: Any, jobs: JobStore | None = None
-) -> StepRun:
-    """Run one delivery of ``(job_id, step_id)``; return what it did."""
+    job_id: str,
+    step_id: str,
+    *,
+    settings: Settings,
+    celery_app: Any,
+    jobs: JobStore | None = None,
+    engines: Collection[str] = (),
+) -> list[StepRun]:
+    """Run one delivery of ``(job_id, step_id)``, then the steps it hands on; return what each did.
+
+    When a finished step makes another step ready on one of ``engines`` (those this worker
+    serves), that step is claimed in the same transaction and run here next, without a trip
+    through the broker; the rest are enqueued on their own queues as usual.
+    """
     jobs = jobs or _job_store(database_url(settings))
     t0 = time.perf_counter()
     claim = jobs.claim_step(job_id, step_id, worker_name(), settings.step_stale_after)
-    t1 = time.perf_counter()
     if claim is None:
         log.info(
             "step %s of job %s is not runnable here (done, cancelled or owned); dropping delivery", step_id, job_id
         )
-        return StepRun(job_id, step_id, "skipped")
+        return [StepRun(job_id, step_id, "skipped")]
+    runs = []
+    claim_ms = (time.perf_counter() - t0) * 1000
+    while claim is not None:
+        run, claim = _run_and_record(claim, jobs, settings, celery_app, engines, claim_ms)
+        runs.append(run)
+        claim_ms = 0.0  # the next one was claimed while recording this one
+    return runs
+
+
+def _run_and_record(
+    claim: ClaimedStep, jobs: JobStore, settings: Settings, celery_app: Any, engines: Collection[str], claim_ms: float
+) -> tuple[StepRun, ClaimedStep | None]:
+    job_id, step_id = claim.job_id, claim.step_id
+    t1 = time.perf_counter()
     try:
         result = _run_claimed(claim, jobs, settings)
     except KilnError as exc:  # e.g. the store is unreachable in a way that is the user's problem
         result = ChildResult(ok=False, error=exc.to_dict())
     except Exception:
         # A transient failure around the step (database, broker, store): hand the step back
-        # so the retried task can claim it again, then let Celery retry.
+        # so the retried task can claim it again, then let Celery retry. (A continued step
+        # has no message of its own: the release re-enqueues it.)
         try:
-            jobs.release_step(job_id, step_id, claim.attempt, "transient error in the worker")
+            if jobs.release_step(job_id, step_id, claim.attempt, "transient error in the worker"):
+                enqueue_steps(celery_app, job_id, [(step_id, claim.step["engine"])])
         except Exception:
             log.warning("could not release %s/%s; the stale-step sweep will", job_id, step_id)
         raise
     t2 = time.perf_counter()
     if result.lost:
         log.warning("step %s of job %s was taken over by another worker; dropping this run", step_id, job_id)
-        return StepRun(job_id, step_id, "lost")
+        return StepRun(job_id, step_id, "lost"), None
     if result.ok:
         status = "succeeded"
     elif (result.error or {}).get("code") == "CANCELLED":
@@ -244,17 +271,19 @@ def execute_step(
         meta=result.meta or None,
         error=result.error,
         log=result.log or None,
+        continue_on=engines,
+        worker=worker_name(),
     )
     if advance is None:
-        return StepRun(job_id, step_id, "lost")
+        return StepRun(job_id, step_id, "lost"), None
     enqueue_steps(celery_app, job_id, advance.queued)
     timings = {
-        "claim": (t1 - t0) * 1000,
+        "claim": claim_ms,
         "run": (t2 - t1) * 1000,
         "step": result.seconds * 1000,
         "record": (time.perf_counter() - t2) * 1000,
     }
-    return StepRun(job_id, step_id, status, cached=result.cached, timings=timings)
+    return StepRun(job_id, step_id, status, cached=result.cached, timings=timings), advance.claimed
 
 
 @cache

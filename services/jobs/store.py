@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -43,6 +43,12 @@ __all__ = ["Advance", "ClaimedStep", "JobStore", "NewJob", "hash_token"]
 
 #: Scopes a token may carry; "write" implies "read", "admin" implies both.
 SCOPES = ("read", "write", "admin")
+
+
+def row_inputs(job: Job, step_id: str) -> list[str]:
+    """Return what the plan step ``step_id`` of ``job`` reads: step ids, or "source"."""
+    step = next(d for d in job.plan["steps"] if d["id"] == step_id)
+    return list(step["inputs"].values())
 
 
 def hash_token(token: str) -> str:
@@ -95,8 +101,9 @@ class ClaimedStep:
 class Advance:
     """What ``advance`` changed: steps to enqueue, and the final status if the job ended."""
 
-    queued: list[tuple[str, str]]  # (step_id, engine)
+    queued: list[tuple[str, str]]  # (step_id, engine): to enqueue
     final_status: str | None = None
+    claimed: ClaimedStep | None = None  # a newly ready step taken by the finishing worker itself
 
 
 class JobStore:
@@ -310,46 +317,55 @@ class JobStore:
             takeover = row.status == "running" and (row.heartbeat_at is None or row.heartbeat_at < cutoff)
             if row.status != "queued" and not takeover:
                 return None
-            plan = job.plan
-            step = next(d for d in plan["steps"] if d["id"] == step_id)
-            deps = {role: dep for role, dep in step["inputs"].items() if dep != "source"}
-            keys: dict[str, str] = {}
-            if deps:
-                rows = s.execute(
-                    select(JobStep.step_id, JobStep.artifact_key, JobStep.status).where(
-                        JobStep.job_id == job_id, JobStep.step_id.in_(list(deps.values()))
-                    )
-                ).all()
-                by_id = {r.step_id: r for r in rows}
-                for role, dep in deps.items():
-                    r = by_id.get(dep)
-                    if r is None or r.status != "succeeded" or not r.artifact_key:
-                        return None  # not runnable yet: a redelivery raced ahead of its input
-                    keys[role] = r.artifact_key
-            row.status, row.attempt, row.worker = "running", row.attempt + 1, worker
-            row.started_at, row.heartbeat_at, row.input_keys = now, now, keys
-            row.finished_at = row.seconds = row.error = None
-            if job.status == "queued":
-                job.status, job.started_at = "running", now
-            self.add_event(
-                s, job_id, "step_started", step_id, kind=row.kind, engine=row.engine, worker=worker, attempt=row.attempt
+            deps = [d for d in row_inputs(job, step_id) if d != "source"]
+            inputs = (
+                {
+                    r.step_id: r
+                    for r in s.scalars(select(JobStep).where(JobStep.job_id == job_id, JobStep.step_id.in_(deps)))
+                }
+                if deps
+                else {}
             )
-            return ClaimedStep(
-                job_id=job_id,
-                step_id=step_id,
-                attempt=row.attempt,
-                step=step,
-                spec=job.spec,
-                input_keys=keys,
-                source_key=job.source_key,
-                source_sha256=job.source_sha256,
-                source_filename=job.source_filename,
-                calibration_key=job.calibration_key,
-                calibration_sha256=job.calibration_sha256,
-                calibration_filename=job.calibration_filename,
-                use_cache=job.use_cache,
-                plan=plan,
-            )
+            return self._take(s, job, row, inputs, worker, now)
+
+    def _take(
+        self, s: Session, job: Job, row: JobStep, rows: dict[str, JobStep], worker: str, now: datetime
+    ) -> ClaimedStep | None:
+        """Mark ``row`` running for ``worker``; ``rows`` holds (at least) the steps feeding it."""
+        plan = job.plan
+        step = next(d for d in plan["steps"] if d["id"] == row.step_id)
+        keys: dict[str, str] = {}
+        for role, dep in step["inputs"].items():
+            if dep == "source":
+                continue
+            r = rows.get(dep)
+            if r is None or r.status != "succeeded" or not r.artifact_key:
+                return None  # not runnable yet: a redelivery raced ahead of its input
+            keys[role] = r.artifact_key
+        row.status, row.attempt, row.worker = "running", row.attempt + 1, worker
+        row.started_at, row.heartbeat_at, row.input_keys = now, now, keys
+        row.finished_at = row.seconds = row.error = None
+        if job.status == "queued":
+            job.status, job.started_at = "running", now
+        self.add_event(
+            s, job.id, "step_started", row.step_id, kind=row.kind, engine=row.engine, worker=worker, attempt=row.attempt
+        )
+        return ClaimedStep(
+            job_id=job.id,
+            step_id=row.step_id,
+            attempt=row.attempt,
+            step=step,
+            spec=job.spec,
+            input_keys=keys,
+            source_key=job.source_key,
+            source_sha256=job.source_sha256,
+            source_filename=job.source_filename,
+            calibration_key=job.calibration_key,
+            calibration_sha256=job.calibration_sha256,
+            calibration_filename=job.calibration_filename,
+            use_cache=job.use_cache,
+            plan=plan,
+        )
 
     def heartbeat(self, job_id: str, step_id: str, attempt: int) -> tuple[bool, bool]:
         """Refresh a running step's heartbeat; return (still ours, job cancelled)."""
@@ -388,11 +404,16 @@ class JobStore:
         meta: dict[str, Any] | None = None,
         error: dict[str, Any] | None = None,
         log: str | None = None,
+        continue_on: Collection[str] = (),
+        worker: str = "",
     ) -> Advance | None:
         """Record how a claimed step ended and advance the job, in one transaction.
 
         Returns what advanced (steps to enqueue, final status), or None when this attempt no
         longer owns the step (it was taken over or cancelled): nothing is recorded then.
+        With ``continue_on`` (the engines the finishing worker serves), one newly ready step
+        on those engines is claimed for ``worker`` in the same transaction instead of being
+        queued: the chain goes on without a round trip through the broker.
         """
         now = utcnow()
         with self.write() as s:
@@ -426,7 +447,7 @@ class JobStore:
             else:
                 self.add_event(s, job_id, "step_failed", step_id, error=error)
             s.flush()
-            return self._advance(s, job, now)
+            return self._advance(s, job, now, continue_on=continue_on, worker=worker)
 
     def release_step(self, job_id: str, step_id: str, attempt: int, reason: str) -> bool:
         """Give a claimed step back to its queue (a transient failure; the task will be retried)."""
@@ -451,7 +472,9 @@ class JobStore:
         with self.write() as s:
             return self._advance(s, self._lock_job(s, job_id), utcnow())
 
-    def _advance(self, s: Session, job: Job, now: datetime) -> Advance:
+    def _advance(
+        self, s: Session, job: Job, now: datetime, *, continue_on: Collection[str] = (), worker: str = ""
+    ) -> Advance:
         job_id = job.id
         if job.status in FINAL_JOB_STATES:
             return Advance(queued=[])
@@ -477,8 +500,15 @@ class JobStore:
                 row.status, row.queued_at = "queued", now
                 queued.append((step.id, step.engine))
                 self.add_event(s, job_id, "step_queued", step.id, queue=step.queue)
-        if queued or any(r.status in OPEN_STEP_STATES for r in rows.values()):
-            return Advance(queued=queued)
+        claimed = None
+        for step_id, engine in queued:
+            if engine in continue_on:
+                claimed = self._take(s, job, rows[step_id], rows, worker, now)
+                if claimed is not None:
+                    queued.remove((step_id, engine))
+                    break
+        if claimed or queued or any(r.status in OPEN_STEP_STATES for r in rows.values()):
+            return Advance(queued=queued, claimed=claimed)
         ok_rows = {sid: r for sid, r in rows.items() if r.status == "succeeded"}
         results = target_results(
             plan,
