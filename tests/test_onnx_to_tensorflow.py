@@ -1,0 +1,299 @@
+"""Transformers through ONNX to TensorFlow (onnx2tf): the tflite and tfserving targets.
+
+The tests' encoder block (dynamic batch) and a tiny BertModel exported with torch.export
+(dynamic batch and sequence) go to tflite at fp32/fp16/int8 and tfserving at fp32/fp16,
+each with parity against the source model's own framework. The block keeps its dynamic
+batch; the BERT's attention-mask arithmetic only converts at fixed shapes, which the
+SavedModel's signature, the step's report and the manifest all say. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from services.formats import Format
+from services.graph.planner import plan_routes
+from services.pipeline import compile_model
+from services.pipeline.executor import run_step
+from services.repository.publish import read_manifest
+from services.runners import open_runner
+from services.spec import load_spec
+
+BERT_VOCAB = 99
+CONVERT = "onnx-to-savedmodel"
+
+
+# --------------------------------------------------------------------------- models and helpers
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("onnx2tf")
+
+
+@pytest.fixture(scope="module")
+def shared_store(work: Path):
+    from services.storage import LocalArtifactStore
+
+    return LocalArtifactStore(work / "store")
+
+
+def _bert_module():
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=BERT_VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=64,
+    )
+    return BertModel(config).eval()
+
+
+@pytest.fixture(scope="module")
+def bert_pt2(work: Path) -> Path:
+    """A tiny BertModel (input_ids, attention_mask int64; dynamic batch and sequence) as an ExportedProgram."""
+    import torch
+
+    ids = torch.randint(0, BERT_VOCAB, (2, 16))
+    mask = torch.ones(2, 16, dtype=torch.int64)
+    batch, seq = torch.export.Dim("batch", min=1, max=32), torch.export.Dim("seq", min=2, max=64)
+    program = torch.export.export(
+        _bert_module(),
+        (),
+        kwargs={"input_ids": ids, "attention_mask": mask},
+        dynamic_shapes={"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}},
+    )
+    path = work / "bert.pt2"
+    torch.export.save(program, str(path))
+    return path
+
+
+def _spec(targets: list[str], precision: str = "fp32", **extra):
+    return load_spec(
+        {
+            "targets": targets,
+            "precision": precision,
+            "name": "m",
+            "benchmark": False,
+            "validation": {"samples": 4},
+            **extra,
+        }
+    )
+
+
+def _export_again(result, spec, store, repository, tmp: Path) -> dict[str, dict]:
+    """Run only the export and publish steps of ``spec`` on ``result``'s converted SavedModel.
+
+    The reference and the conversion do not depend on precision; running them once and
+    re-exporting through the same executor keeps the whole file inside its time budget.
+    """
+    plan = plan_routes(result.source.format, spec, default_name="m")
+    outcomes = dict(result.steps)
+    for step in plan.steps:
+        if step.kind not in ("export", "publish"):
+            assert step.id in outcomes, f"{step.id} was not part of the first job"
+            continue
+        keys = {role: outcomes[dep].key or "" for role, dep in step.inputs.items()}
+        outcomes[step.id] = run_step(
+            step,
+            job_id=uuid.uuid4().hex[:12],
+            spec=spec,
+            source=result.source,
+            input_keys=keys,
+            store=store,
+            scratch=tmp / uuid.uuid4().hex[:8],
+            repository=repository,
+        )
+    return {t.value: outcomes[f"export:{t.value}"].meta for t in spec.targets}
+
+
+def _assert_passed(parity: dict, precision: str) -> None:
+    assert parity["passed"], parity["failures"]
+    assert parity["samples"] == 4
+    bound = {"fp32": 1e-4, "fp16": 2e-2}.get(precision)
+    for out in parity["outputs"]:
+        if bound is not None:
+            assert out["max_abs"] <= bound, out
+        assert out["cosine"] >= {"fp32": 0.9999, "fp16": 0.999, "int8": 0.98}[precision], out
+
+
+def _convert_meta(result) -> dict:
+    (step_id,) = [s for s in result.steps if s.endswith(CONVERT)]
+    return result.steps[step_id].meta
+
+
+def _tflite_ops(path: Path) -> set[str]:
+    from ai_edge_litert.interpreter import Interpreter
+
+    return {op["op_name"] for op in Interpreter(model_path=str(path))._get_ops_details()}
+
+
+def _published(result, target: str) -> Path:
+    return Path(result.targets[target].published["uri"].removeprefix("file://"))
+
+
+# --------------------------------------------------------------------------- the encoder block
+
+
+def test_transformer_block_keeps_dynamic_batch(transformer_onnx, shared_store, repository, work) -> None:
+    result = compile_model(transformer_onnx, _spec(["tflite", "tfserving"]), store=shared_store, repository=repository)
+    for target in ("tflite", "tfserving"):
+        assert result.targets[target].status == "succeeded", result.targets[target].error
+        _assert_passed(result.targets[target].parity, "fp32")
+    assert "optimize/onnx-to-savedmodel" in result.plan.shared  # converted once for both targets
+
+    meta = _convert_meta(result)
+    assert meta["input_shapes"] == "dynamic" and meta["fixed_axes"] == {}
+    assert [a["input_shapes"] for a in meta["attempts"]] == ["dynamic"]
+    # The probe ran a second batch size: the dynamic batch is real, not just declared.
+    assert meta["probe"]["feeds"] == [
+        {"feed": "job shapes", "shapes": {"input": [1, 16, 32]}},
+        {"feed": "dynamic axes varied", "shapes": {"input": [2, 16, 32]}},
+    ]
+    assert meta["probe"]["max_abs_diff"]["output"] < 1e-5
+    changed = {p["name"] for p in meta["passes"] if p["modified"]}
+    # torch's Linear exports Add(bias, x @ W), which onnx2tf broadcast into [1, 96, 1]; and TFLite has no Erf.
+    assert changed == {"onnx2tf_constant_operand_last", "onnx2tf_fuse_erf_gelu"}
+
+    manifest = read_manifest(repository, "m-tfserving", 1)
+    assert manifest["io"]["inputs"] == [{"name": "input", "dtype": "float32", "shape": [None, 16, 32]}]
+    assert "onnx2tf_fuse_erf_gelu" in {p["name"] for p in manifest["passes"]}
+
+    tflite = _published(result, "tflite") / "model.tflite"
+    ops = _tflite_ops(tflite)
+    assert "GELU" in ops and not any("FLEX" in op or "CUSTOM" in op for op in ops), ops
+
+    # Batch 3 was never probed nor validated; both artifacts still match onnxruntime there.
+    x = np.random.default_rng(5).standard_normal((3, 16, 32)).astype(np.float32)
+    want = open_runner(Format.ONNX, transformer_onnx).run({"input": x})["output"]
+    for fmt, path in ((Format.SAVEDMODEL, _published(result, "tfserving")), (Format.TFLITE, tflite)):
+        got = open_runner(fmt, path).run({"input": x})["output"]
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-3)
+
+    for precision, targets in (("fp16", ["tflite", "tfserving"]), ("int8", ["tflite"])):
+        metas = _export_again(result, _spec(targets, precision), shared_store, repository, work)
+        for target in targets:
+            _assert_passed(metas[target]["parity"], precision)
+            assert metas[target]["precision"] == precision
+
+
+# --------------------------------------------------------------------------- BERT
+
+
+def test_bert_exported_program_at_fixed_shapes(bert_pt2, shared_store, repository, work) -> None:
+    result = compile_model(bert_pt2, _spec(["tflite", "tfserving"]), store=shared_store, repository=repository)
+    for target in ("tflite", "tfserving"):
+        assert result.targets[target].status == "succeeded", result.targets[target].error
+        parity = result.targets[target].parity
+        _assert_passed(parity, "fp32")
+        assert [o["name"] for o in parity["outputs"]] == ["last_hidden_state", "pooler_output"]
+    assert result.plan.routes["tflite"] == "torch_export → onnx → optimize → savedmodel ⇒ tflite"
+
+    meta = _convert_meta(result)
+    first, second = meta["attempts"]
+    assert first["input_shapes"] == "dynamic" and "unknown rank" in first["error"]
+    assert second["input_shapes"] == "fixed" and "error" not in second
+    assert meta["input_shapes"] == "fixed"
+    assert meta["fixed_input_shapes"] == {"input_ids": [1, 16], "attention_mask": [1, 16]}
+    assert meta["fixed_axes"] == {"input_ids": [0, 1], "attention_mask": [0, 1]}
+    # The probe also ran with the mask's last quarter zeroed, so the masking path is checked.
+    assert [f["feed"] for f in meta["probe"]["feeds"]] == ["job shapes", "padded masks"]
+    assert max(meta["probe"]["max_abs_diff"].values()) < 1e-5
+
+    # What a caller sees: the signature and the manifest carry the fixed shapes, and the
+    # manifest lists the pass that pinned them.
+    manifest = read_manifest(repository, "m-tfserving", 1)
+    assert {t["name"]: t["shape"] for t in manifest["io"]["inputs"]} == {
+        "input_ids": [1, 16],
+        "attention_mask": [1, 16],
+    }
+    assert "fix_input_shapes" in {p["name"] for p in manifest["passes"]}
+
+    # A padded batch (the reference's generated masks are all ones) against torch itself.
+    import torch
+
+    ids = np.random.default_rng(3).integers(0, BERT_VOCAB, (1, 16)).astype(np.int64)
+    mask = np.ones((1, 16), np.int64)
+    mask[0, 11:] = 0
+    with torch.no_grad():
+        eager = _bert_module()(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask))
+    tflite = _published(result, "tflite") / "model.tflite"
+    for fmt, path in ((Format.SAVEDMODEL, _published(result, "tfserving")), (Format.TFLITE, tflite)):
+        got = open_runner(fmt, path).run({"input_ids": ids, "attention_mask": mask})
+        np.testing.assert_allclose(got["last_hidden_state"], eager.last_hidden_state.numpy(), atol=1e-4)
+        np.testing.assert_allclose(got["pooler_output"], eager.pooler_output.numpy(), atol=1e-4)
+
+    for precision, targets in (("fp16", ["tflite", "tfserving"]), ("int8", ["tflite"])):
+        metas = _export_again(result, _spec(targets, precision), shared_store, repository, work)
+        for target in targets:
+            _assert_passed(metas[target]["parity"], precision)
+
+
+def test_spec_open_axes_are_never_pinned(bert_pt2, shared_store, repository) -> None:
+    spec = _spec(["tfserving"], inputs={"input_ids": {"shape": [-1, 16]}, "attention_mask": {"shape": [-1, 16]}})
+    result = compile_model(bert_pt2, spec, store=shared_store, repository=repository)
+    error = result.targets["tfserving"].error
+    assert error["code"] == "CONVERSION_FAILED"
+    assert error["details"]["tool"] == "onnx2tf"
+    assert [a["input_shapes"] for a in error["details"]["attempts"]] == ["dynamic"]
+    assert "keeps axes {'input_ids': [0], 'attention_mask': [0]} dynamic" in error["message"]
+    assert "fixed `shape`" in error["hint"] and "onnxruntime or openvino" in error["hint"]
+    assert error["details"]["output_tail"]  # what onnx2tf printed
+    assert json.dumps(error).count("Traceback (most recent call last)") <= 1
+
+
+# --------------------------------------------------------------------------- refusals and passes
+
+
+def test_op_without_onnx2tf_converter_is_named(work, store, repository) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("LpPool", ["input"], ["output"], kernel_shape=[2, 2], strides=[2, 2], p=2)],
+        "lp",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3, 8, 8])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 3, 4, 4])],
+    )
+    src = work / "lppool.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(src))
+    result = compile_model(src, _spec(["tfserving"], optimize=False), store=store, repository=repository)
+    error = result.targets["tfserving"].error
+    assert error["code"] == "CONVERSION_FAILED"
+    assert error["message"].count("onnx2tf has no converter for LpPool") == 2  # both attempts, before onnx2tf ran
+    assert [a["input_shapes"] for a in error["details"]["attempts"]] == ["dynamic", "fixed"]
+
+
+def test_onnx2tf_passes_keep_outputs(transformer_onnx) -> None:
+    """The graph onnx2tf receives computes what the source computes (onnxruntime runs both)."""
+    import onnx
+    import onnxruntime as ort
+
+    from services.converters.onnx_to_tensorflow import _prepare
+
+    model = onnx.load(str(transformer_onnx))
+    x = np.random.default_rng(1).standard_normal((2, 16, 32)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"input": x})[0]
+    for fixed in (None, {"input": [2, 16, 32]}):
+        prepared, records = _prepare(model, fixed)
+        ops = [n.op_type for n in prepared.graph.node]
+        assert "Erf" not in ops and ops.count("Gelu") == 1
+        assert all(
+            not (n.op_type in ("Add", "Mul") and n.input[0] in {i.name for i in prepared.graph.initializer})
+            for n in prepared.graph.node
+        )
+        dims = [d.dim_value or d.dim_param for d in prepared.graph.input[0].type.tensor_type.shape.dim]
+        assert dims == (["batch", 16, 32] if fixed is None else [2, 16, 32])
+        assert ("fix_input_shapes" in {r["name"] for r in records}) == (fixed is not None)
+        got = ort.InferenceSession(prepared.SerializeToString()).run(None, {"input": x})[0]
+        np.testing.assert_allclose(got, want, atol=1e-5)
