@@ -71,8 +71,10 @@ def compress_weights(graph_def: Any, precision: Precision) -> dict[str, int]:
     """Store float32 weight constants at ``precision`` in place; return counts and bytes.
 
     fp16: the constant becomes float16 + Cast to float32. int8: symmetric int8 with one
-    scale per last axis (the output channel of TensorFlow's HWIO conv and [in, out] dense
-    kernels), then Cast and Mul by the scales. Either way every consumer still reads a
+    scale per output channel — the last axis of TensorFlow's HWIO conv and [in, out] dense
+    kernels, the third of a depthwise [h, w, C, 1] kernel — then Cast and Mul by the scales.
+    1-D constants (biases, BatchNorm vectors) stay float32 at int8: one scale per element
+    would store more bytes than the floats. Either way every consumer still reads a
     float32 tensor under the constant's original name, so the graph is otherwise untouched.
     """
     import numpy as np
@@ -96,8 +98,12 @@ def compress_weights(graph_def: Any, precision: Precision) -> dict[str, int]:
                 _cast_node(name, f"{name}/kiln_fp16", tf.float16, device),
             ]
         else:
-            axes = tuple(range(value.ndim - 1))
-            peak = np.abs(value).max(axis=axes) if axes else np.abs(value)
+            if value.ndim < 2:
+                kept.append(node)
+                continue
+            channel = value.ndim - 1 if value.shape[-1] > 1 else value.ndim - 2
+            axes = tuple(i for i in range(value.ndim) if i != channel)
+            peak = np.abs(value).max(axis=axes, keepdims=True)
             scale = np.where(peak > 0, peak / 127.0, 1.0).astype(np.float32)
             stored = np.clip(np.round(value / scale), -127, 127).astype(np.int8)
             mul = tf.compat.v1.NodeDef(
@@ -131,7 +137,7 @@ def _tensor_info(tensor: Any) -> Any:
 
 _STORAGE = {
     Precision.FP16: "float16, cast to float32 where the graph reads them",
-    Precision.INT8: "int8 symmetric, one scale per output channel (last axis), dequantized to float32 in the graph",
+    Precision.INT8: "int8 symmetric, one scale per output channel, dequantized to float32 in the graph; 1-D constants kept float32",
 }
 
 
