@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from services.errors import ConversionFailed
 from services.formats import Format
 from services.graph.planner import plan_routes
 from services.pipeline import compile_model
@@ -76,6 +77,28 @@ def bert_pt2(work: Path) -> Path:
     path = work / "bert.pt2"
     torch.export.save(program, str(path))
     return path
+
+
+@pytest.fixture(scope="module")
+def block_job(transformer_onnx: Path, shared_store, work: Path):
+    """The encoder block compiled to tflite and tfserving at fp32, and the repository it went to."""
+    from services.repository import LocalModelRepository
+
+    repository = LocalModelRepository(work / "repo-block")
+    return compile_model(
+        transformer_onnx, _spec(["tflite", "tfserving"]), store=shared_store, repository=repository
+    ), repository
+
+
+@pytest.fixture(scope="module")
+def bert_job(bert_pt2: Path, shared_store, work: Path):
+    """The BERT compiled to tflite and tfserving at fp32, and the repository it went to."""
+    from services.repository import LocalModelRepository
+
+    repository = LocalModelRepository(work / "repo-bert")
+    return compile_model(
+        bert_pt2, _spec(["tflite", "tfserving"]), store=shared_store, repository=repository
+    ), repository
 
 
 def _spec(targets: list[str], precision: str = "fp32", **extra):
@@ -145,8 +168,8 @@ def _published(result, target: str) -> Path:
 # --------------------------------------------------------------------------- the encoder block
 
 
-def test_transformer_block_keeps_dynamic_batch(transformer_onnx, shared_store, repository, work) -> None:
-    result = compile_model(transformer_onnx, _spec(["tflite", "tfserving"]), store=shared_store, repository=repository)
+def test_transformer_block_keeps_dynamic_batch(block_job, transformer_onnx) -> None:
+    result, repository = block_job
     for target in ("tflite", "tfserving"):
         assert result.targets[target].status == "succeeded", result.targets[target].error
         _assert_passed(result.targets[target].parity, "fp32")
@@ -180,6 +203,9 @@ def test_transformer_block_keeps_dynamic_batch(transformer_onnx, shared_store, r
         got = open_runner(fmt, path).run({"input": x})["output"]
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-3)
 
+
+def test_transformer_block_fp16_and_int8(block_job, shared_store, work) -> None:
+    result, repository = block_job
     for precision, targets in (("fp16", ["tflite", "tfserving"]), ("int8", ["tflite"])):
         metas = _export_again(result, _spec(targets, precision), shared_store, repository, work)
         for target in targets:
@@ -190,8 +216,8 @@ def test_transformer_block_keeps_dynamic_batch(transformer_onnx, shared_store, r
 # --------------------------------------------------------------------------- BERT
 
 
-def test_bert_exported_program_at_fixed_shapes(bert_pt2, shared_store, repository, work) -> None:
-    result = compile_model(bert_pt2, _spec(["tflite", "tfserving"]), store=shared_store, repository=repository)
+def test_bert_exported_program_at_fixed_shapes(bert_job) -> None:
+    result, repository = bert_job
     for target in ("tflite", "tfserving"):
         assert result.targets[target].status == "succeeded", result.targets[target].error
         parity = result.targets[target].parity
@@ -233,17 +259,54 @@ def test_bert_exported_program_at_fixed_shapes(bert_pt2, shared_store, repositor
         np.testing.assert_allclose(got["last_hidden_state"], eager.last_hidden_state.numpy(), atol=1e-4)
         np.testing.assert_allclose(got["pooler_output"], eager.pooler_output.numpy(), atol=1e-4)
 
+
+def test_bert_fp16_and_int8(bert_job, shared_store, work) -> None:
+    result, repository = bert_job
     for precision, targets in (("fp16", ["tflite", "tfserving"]), ("int8", ["tflite"])):
         metas = _export_again(result, _spec(targets, precision), shared_store, repository, work)
         for target in targets:
             _assert_passed(metas[target]["parity"], precision)
+            assert metas[target]["precision"] == precision
 
 
-def test_spec_open_axes_are_never_pinned(bert_pt2, shared_store, repository) -> None:
+def test_bert_full_integer_int8_with_calibration(bert_pt2, shared_store, work) -> None:
+    """With calibration rows (padded masks among them) TFLite quantizes every float tensor."""
+    from services.repository import LocalModelRepository
+
+    rng = np.random.default_rng(4)
+    mask = np.ones((32, 16), np.int64)
+    mask[::2, 12:] = 0
+    calibration = work / "bert-calibration.npz"
+    np.savez(calibration, input_ids=rng.integers(0, BERT_VOCAB, (32, 16)).astype(np.int64), attention_mask=mask)
+    spec = _spec(["tflite"], "int8", calibration=str(calibration))
+    result = compile_model(bert_pt2, spec, store=shared_store, repository=LocalModelRepository(work / "repo-int8"))
+    target = result.targets["tflite"]
+    assert target.status == "succeeded", target.error
+    assert target.parity["passed"] and target.parity["inputs_from"] == "calibration"
+    assert min(o["cosine"] for o in target.parity["outputs"]) >= 0.999
+    details = result.steps["export:tflite"].meta["engine_details"]["tflite"]
+    assert details["mode"] == "full-integer int8" and details["calibration_samples"] == 24
+    # Token ids and masks stay integers; the float outputs are int8 with scales.
+    assert details["quantized_io"] == {"inputs": [], "outputs": ["last_hidden_state", "pooler_output"]}
+
+
+def test_spec_open_axes_are_never_pinned(bert_job, shared_store, work) -> None:
+    """A batch axis the spec keeps open (-1) is not pinned: the conversion fails and says why."""
+    result, _ = bert_job
     spec = _spec(["tfserving"], inputs={"input_ids": {"shape": [-1, 16]}, "attention_mask": {"shape": [-1, 16]}})
-    result = compile_model(bert_pt2, spec, store=shared_store, repository=repository)
-    error = result.targets["tfserving"].error
-    assert error["code"] == "CONVERSION_FAILED"
+    (step,) = [s for s in plan_routes(result.source.format, spec).steps if s.id.endswith(CONVERT)]
+    keys = {role: result.steps[dep].key or "" for role, dep in step.inputs.items()}
+    with pytest.raises(ConversionFailed) as caught:
+        run_step(
+            step,
+            job_id="open-axes",
+            spec=spec,
+            source=result.source,
+            input_keys=keys,
+            store=shared_store,
+            scratch=work / "open-axes",
+        )
+    error = caught.value.to_dict()
     assert error["details"]["tool"] == "onnx2tf"
     assert [a["input_shapes"] for a in error["details"]["attempts"]] == ["dynamic"]
     assert "keeps axes {'input_ids': [0], 'attention_mask': [0]} dynamic" in error["message"]
