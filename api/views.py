@@ -88,7 +88,7 @@ def job_public(job: Job, store: ArtifactStore) -> JobPublic:
             targets[target] = TargetPublic(
                 target=target,
                 route=route,
-                status=status,
+                status=status,  # type: ignore[arg-type]
                 steps=chain,
                 error=_error(res.get("error")) if status != "succeeded" else None,
                 parity=res.get("parity"),

@@ -268,6 +268,58 @@ def bench_throughput(model: Path, root: Path, seconds: int) -> list[str]:
     return lines
 
 
+def bench_isolation(model: Path, root: Path, runs: int = 30) -> list[str]:
+    """The price of running a step in its own process: fork from the forkserver, set up, report, exit."""
+    import shutil as _shutil
+
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "tests"), os.environ.get("PYTHONPATH")) if p)
+    from services.graph.planner import PlanStep
+    from services.settings import Settings
+    from services.storage import LocalArtifactStore
+    from workers import child
+
+    child.configure(["onnxruntime", "openvino"])
+    settings = Settings(cache_dir=root / "iso-cache", artifact_store=str(root / "iso-store"))
+    up = root / "iso-up"
+    up.mkdir()
+    _shutil.copy(model, up / "m.onnx")
+    LocalArtifactStore(root / "iso-store").put_dir("sources/m", up)
+    step = PlanStep(
+        id="trivial",
+        kind="convert",
+        engine="onnxruntime",
+        entry="test_jobs_support:ok_step",
+        inputs={"model": "source"},
+        tool="none",
+    ).to_dict()
+    totals, inner = [], []
+    for i in range(runs + 1):
+        req = child.StepRequest(
+            job_id="iso",
+            step=step,
+            spec={"targets": ["onnxruntime"]},
+            source_key="sources/m",
+            source_filename="m.onnx",
+            input_keys={},
+            settings=settings,
+            scratch=root / "iso" / str(i),
+            use_cache=False,
+        )
+        started = time.perf_counter()
+        res = child.run_in_child(req, soft_limit=60, hard_limit=90)
+        assert res.ok, res.error
+        if i:  # the first one also starts the forkserver
+            totals.append((time.perf_counter() - started) * 1000)
+            inner.append(res.seconds * 1000)
+    totals.sort()
+    return [
+        "| what | median (ms) | p90 (ms) |",
+        "|---|---:|---:|",
+        f"| a trivial step in a child process, end to end | {_median(totals):.0f} | {totals[int(len(totals) * 0.9)]:.0f} |",
+        f"| of which the step itself (executor, store put) | {_median(inner):.0f} | - |",
+    ]
+
+
 def _rss_tree(pid: int) -> int:
     import psutil
 
@@ -342,7 +394,7 @@ def bench_upload(root: Path, size: int) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--sections", default="overhead,cache,throughput,upload")
+    parser.add_argument("--sections", default="isolation,overhead,cache,throughput,upload")
     parser.add_argument("--wrk-seconds", type=int, default=10)
     parser.add_argument("--upload-mib", type=int, default=1024)
     args = parser.parse_args()
@@ -372,6 +424,9 @@ def main() -> None:
                     print("\n".join(bench_cache(models[0][1], args.runs, embedded, dist)) + "\n")
             finally:
                 svc.stop()
+        if "isolation" in sections:
+            print("## Process isolation per step (forkserver child, median of 30)\n")
+            print("\n".join(bench_isolation(models[0][1], root)) + "\n")
         if "throughput" in sections:
             print(f"## GET /jobs/{{id}} under load (wrk -t2, {args.wrk_seconds} s, same 2 cores)\n")
             print("\n".join(bench_throughput(models[0][1], root, args.wrk_seconds)) + "\n")

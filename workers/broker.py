@@ -25,7 +25,7 @@ TRANSPORT = "workers.broker:Transport"
 
 
 class Channel(filesystem.Channel):
-    def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:
+    def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:  # type: ignore[override]
         """Put ``payload`` on ``queue``: write a hidden temp file, then rename it into the queue."""
         # Same name scheme as kombu's (time-ordered, then the queue), so _get finds it.
         name = f"{round(monotonic() * 1000)}_{uuid.uuid4()}.{queue}.msg"

@@ -357,6 +357,7 @@ def run_in_child(
     step_id = req.step["id"]
     if stop_reason == "lost":
         return ChildResult(ok=False, lost=True, seconds=seconds, log=log)
+    err: KilnError
     if stop_reason == "cancel":
         err = Cancelled(f"step {step_id} was stopped: its job was cancelled", step=step_id)
         return ChildResult(ok=False, error=err.to_dict(), seconds=seconds, log=log)

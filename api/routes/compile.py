@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
@@ -13,7 +15,7 @@ from api.upload import receive_upload
 
 router = APIRouter(tags=["jobs"])
 
-_ERRORS = {
+_ERRORS: dict[int | str, dict[str, Any]] = {
     400: {
         "model": ErrorPublic,
         "description": "SOURCE_UNREADABLE, UNSAFE_INPUT (archive with .., absolute paths, links, a bomb)",

@@ -27,7 +27,7 @@ from services.jobs.store import JobStore
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
-_404 = {404: {"model": ErrorPublic, "description": "NOT_FOUND"}}
+_404: dict[int | str, dict[str, Any]] = {404: {"model": ErrorPublic, "description": "NOT_FOUND"}}
 #: Seconds between polls of a job's version by an open SSE stream, and between keep-alives.
 SSE_POLL = 0.1
 SSE_KEEPALIVE = 15.0

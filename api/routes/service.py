@@ -34,7 +34,7 @@ def engines(request: Request, _: ReadAuth, jobs: JobStoreDep) -> EnginesPublic:
     out = []
     for name in ENGINES:
         serving = [w for w in live if name in w.engines]
-        versions = next((w.versions.get(name, {}) for w in serving), {})
+        versions: dict[str, str] = next((w.versions.get(name, {}) for w in serving), {})
         out.append(EnginePublic(name=name, queue=queue_name(name), workers=len(serving), versions=versions))
     workers = [
         WorkerPublic(
