@@ -208,7 +208,7 @@ def token_create(name: str, scopes: tuple[str, ...]) -> None:
     from services.jobs.store import JobStore
 
     token = JobStore(database_url(_settings())).create_token(name, scopes or ("read", "write"))
-    out.print(token)
+    click.echo(token)  # plain: scripts capture it
 
 
 @token_group.command("revoke")

@@ -302,3 +302,27 @@ def test_a_worker_continues_with_a_ready_step_of_its_own_engines(jobs: JobStore)
     steps = {s.step_id: s for s in jobs.get_job(job_id).steps}
     assert steps["export:onnxruntime"].status == "running" and steps["export:onnxruntime"].worker == "w1"
     assert jobs.claim_step(job_id, "export:onnxruntime", "w2", stale_after=60) is None  # it is w1's
+
+
+def test_kiln_migrate_and_token_commands_work_from_any_directory(tmp_path: Path) -> None:
+    import subprocess
+
+    from test_jobs_support import KILN, service_env
+
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    env = service_env(database_url=url, cache_dir=tmp_path)
+    done = subprocess.run([KILN, "migrate"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "up to date" in done.stdout
+    made = subprocess.run(
+        [KILN, "token", "create", "ci", "--scope", "read"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert made.returncode == 0, made.stderr
+    token = made.stdout.strip()
+    rec = JobStore(url).verify_token(token)
+    assert rec is not None and rec.name == "ci" and rec.scopes == "read"
