@@ -7,8 +7,10 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
 
 from api.auth import TokenCache
+from api.deps import ReadAuth
 from api.errors import install_error_handlers
 from api.metrics import Metrics, MetricsMiddleware
 from api.routes import compile as compile_routes
@@ -56,7 +58,18 @@ def create_app(
             upgrade(url)
         yield
 
-    app = FastAPI(title="Kiln", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
+    # With auth on, the API description needs a token too ("every endpoint but the health
+    # probes"); the interactive pages, which cannot send one, are off then.
+    open_docs = not settings.auth_enabled
+    app = FastAPI(
+        title="Kiln",
+        version="0.1.0",
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        openapi_url="/openapi.json" if open_docs else None,
+        docs_url="/docs" if open_docs else None,
+        redoc_url="/redoc" if open_docs else None,
+    )
     state = app.state
     state.settings = settings
     state.celery = celery_app
@@ -73,6 +86,12 @@ def create_app(
         app.include_router(module.router)
     app.add_middleware(MetricsMiddleware, metrics=state.metrics)
     _complete_openapi(app)
+    if not open_docs:
+
+        @app.get("/openapi.json", include_in_schema=False)
+        async def openapi_document(_: ReadAuth) -> JSONResponse:
+            return JSONResponse(app.openapi())
+
     return app
 
 

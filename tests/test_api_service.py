@@ -96,6 +96,8 @@ def test_health_probes_need_no_token_and_everything_else_does(secured: TestClien
         assert r.json()["code"] == "UNAUTHORIZED" and r.headers["www-authenticate"] == "Bearer"
     r = secured.get("/jobs", headers={"Authorization": "Bearer kiln_nope_nope"})
     assert r.status_code == 401 and "unknown or revoked" in r.json()["message"]
+    assert secured.get("/openapi.json").status_code == 401  # the description too
+    assert secured.get("/docs").status_code == 404  # the interactive page cannot send a token
 
 
 def test_a_read_token_reads_but_may_not_submit_or_cancel(secured: TestClient, cnn_onnx: Path) -> None:
@@ -103,6 +105,7 @@ def test_a_read_token_reads_but_may_not_submit_or_cancel(secured: TestClient, cn
     reader = {"Authorization": f"Bearer {jobs.create_token('reader', ['read'])}"}
     writer = {"Authorization": f"Bearer {jobs.create_token('writer', ['write'])}"}
     assert secured.get("/jobs", headers=reader).status_code == 200
+    assert "/compile" in secured.get("/openapi.json", headers=reader).json()["paths"]
     files = {"model": ("m.onnx", cnn_onnx.read_bytes()), "spec": (None, '{"targets": ["onnxruntime"]}')}
     r = secured.post("/compile", files=files, headers=reader)
     assert r.status_code == 403 and r.json()["code"] == "FORBIDDEN" and "write" in r.json()["message"]
