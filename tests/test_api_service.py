@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from test_jobs_support import redis_url
+from jobs_support import redis_url
 
 from api.app import create_app
 from services.settings import Settings

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import redis
 from fastapi.testclient import TestClient
-from test_jobs_support import redis_url
+from jobs_support import redis_url
 
 from api.app import create_app
 from services.settings import Settings

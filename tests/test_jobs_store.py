@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import update
-from test_jobs_support import migrated_pg
+from jobs_support import migrated_pg
 
 from services.errors import ServiceUnavailable
 from services.formats import Format
@@ -307,7 +307,7 @@ def test_a_worker_continues_with_a_ready_step_of_its_own_engines(jobs: JobStore)
 def test_kiln_migrate_and_token_commands_work_from_any_directory(tmp_path: Path) -> None:
     import subprocess
 
-    from test_jobs_support import KILN, service_env
+    from jobs_support import KILN, service_env
 
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     env = service_env(database_url=url, cache_dir=tmp_path)

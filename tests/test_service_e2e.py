@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
-from test_jobs_support import (
+from jobs_support import (
     Proc,
     free_port,
     migrated_pg,
@@ -198,7 +198,7 @@ def gated(cluster: Cluster) -> Iterator[Any]:
         reg.add_converter(conv)
     for exp in default_registry().exporters:
         if exp.target is TargetName.ONNXRUNTIME:
-            exp = dataclasses.replace(exp, entry="test_jobs_support:slow_export_onnxruntime")
+            exp = dataclasses.replace(exp, entry="jobs_support:slow_export_onnxruntime")
         reg.add_exporter(exp)
     env = {k: v for k, v in cluster.env.items() if k != "test_gate"}
     settings = Settings(cache_dir=cluster.root / "inproc-cache", **env)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_jobs_support import KILN, TESTS_DIR, service_env
+from jobs_support import KILN, TESTS_DIR, service_env
 
 from services.errors import KilnError
 from services.graph.engines import ENGINES, queue_name
@@ -62,7 +62,7 @@ def _request(env: dict[str, Any], entry: str, name: str) -> StepRequest:
 def _run(env: dict[str, Any], entry: str, name: str, **kw: Any):
     kw.setdefault("soft_limit", 60)
     kw.setdefault("hard_limit", 90)
-    return run_in_child(_request(env, f"test_jobs_support:{entry}", name), **kw)
+    return run_in_child(_request(env, f"jobs_support:{entry}", name), **kw)
 
 
 def test_a_working_step_reports_progress_output_and_its_artifact(env: dict[str, Any]) -> None:

@@ -249,7 +249,7 @@ def python() -> str:
     return sys.executable
 
 
-# --- step entries for provoking faults in a step child (loaded by "test_jobs_support:<name>") ---
+# --- step entries for provoking faults in a step child (loaded by "jobs_support:<name>") ---
 
 
 def ok_step(ctx: Any) -> Any:
