@@ -108,9 +108,11 @@ class ConstantOperandLast(KilnPass):
             for node in graph:
                 if node.op_type not in ("Add", "Mul") or node.domain not in ("", "ai.onnx"):
                     continue
-                if len(node.inputs) != 2 or node.inputs[0] is None or node.inputs[1] is None:
+                if len(node.inputs) != 2:
                     continue
                 first, second = node.inputs
+                if first is None or second is None:
+                    continue
                 if _is_constant(first) and not _is_constant(second):
                     node.replace_input_with(0, second)
                     node.replace_input_with(1, first)
@@ -628,7 +630,10 @@ def onnx_to_savedmodel(ctx: StepContext) -> Artifact:
         }
 
     module = tf.Module()
-    module.model = tf_model  # tracked, so its variables are saved with the graph
+    # Only the variables are tracked, so they are saved with the graph. Tracking the Keras
+    # model itself makes TensorFlow serialise every layer's call function as well: measured
+    # 62 s against 1.4 s to save an 11M-parameter BERT, for nothing the signature uses.
+    module.kept_variables = list(tf_model.variables)
     concrete = tf.function(serve, input_signature=signature).get_concrete_function()
     dest = ctx.out_dir / SAVEDMODEL_DIR
     tf.saved_model.save(module, str(dest), signatures={DEFAULT_SIGNATURE: concrete})
