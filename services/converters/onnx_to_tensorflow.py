@@ -23,16 +23,18 @@ rank). So the conversion is tried twice at most:
    other passes in the provenance manifest. An axis the spec asks to keep open (``-1`` in
    ``shape``, or a min/max range) is never pinned: the job fails instead.
 
-Operand order: for ``Add``/``Mul`` onnx2tf moves a constant first operand second, then
-pairs the operands with the ONNX inputs by position while broadcasting, and transposes
-the bias of a torch ``Linear`` (``Add(bias, x @ W)``) into ``[1, C, 1]``. Putting the
-constant second beforehand (the ops commute) avoids that; the pass is listed too.
+Graph preparation (Kiln passes, recorded like the optimizer's and listed in the manifest):
+the constant operand of ``Add``/``Mul`` goes second (onnx2tf pairs a swapped constant with
+the wrong ONNX input while broadcasting and turned a torch ``Linear``'s ``Add(bias, x @ W)``
+bias into ``[1, C, 1]``); the erf GELU becomes one ``Gelu`` node (TFLite has no Erf kernel
+but lowers ``tf.nn.gelu`` to its GELU builtin); every node gets a unique name here, because
+onnx2tf's own namer drops node domains; at fixed shapes, ConstantOfShape folds too.
 
 Strict mode: onnx2tf's strict mode checks each op against onnxruntime and brute-forces
-transpositions when they disagree. With static shapes that is cheap and informed, so it is
-on; with dynamic axes it tries every permutation of every ``Expand`` (measured: 93 s of a
-98 s failed BERT conversion, against 2 s without) while Kiln's own probe checks the
-result anyway, so it is off.
+transpositions when they disagree. With static shapes that is cheap and needed (without it
+the tiny BERT converts, but wrong by 1e-2 on a padded mask), so it is on; with dynamic axes
+it tries every permutation of every ``Expand`` (the tiny BERT's doomed dynamic conversion:
+51 s with it, 2 s without) while Kiln's probe checks the result anyway, so it is off.
 
 Offline: onnx2tf fetches sample images from the network in two places, its int8
 calibration path (``output_integer_quantized_tflite``, never used here: Kiln quantizes
@@ -40,7 +42,7 @@ with TFLite's converter on the job's own data) and an optional dummy-inference c
 small fixed-batch NHWC image inputs. The second is swapped for a seeded local generator
 for the duration of the call, so a conversion never touches the network. An empty
 parameter-replacement file stops onnx2tf from searching for one after a failure (it only
-writes a suggestion to disk, and costs three more conversions).
+writes a suggestion to disk, after up to three rounds of trial conversions).
 
 onnx2tf overwrites its input file (after shape inference), so it works on a copy.
 """
