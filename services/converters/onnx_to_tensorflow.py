@@ -219,7 +219,12 @@ class FixInputShapes(KilnPass):
 def _prepare(
     model: onnx.ModelProto, fixed: dict[str, list[int]] | None
 ) -> tuple[onnx.ModelProto, list[dict[str, Any]]]:
-    """Return the graph onnx2tf gets and the records of the passes that made it."""
+    """Return the graph onnx2tf gets and the records of the passes that made it.
+
+    A fixed attempt runs Kiln's default passes even when the spec turns the optimize step
+    off: shape inference and folding are what turn the pinned shapes into constants, and
+    the records say they ran.
+    """
     from services.passes.pipeline import default_passes, optimize_model
 
     passes = [FixInputShapes(fixed), FoldConstantOfShape(), *default_passes()] if fixed else []
