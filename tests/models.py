@@ -79,7 +79,16 @@ def tiny_transformer_module(d_model: int = 32, heads: int = 4):
     return EncoderBlock().eval()
 
 
-def export_onnx(module, example, path: Path, *, input_name: str = "input", output_name: str = "output", dynamic_batch: bool = True, opset: int = 17) -> Path:
+def export_onnx(
+    module,
+    example,
+    path: Path,
+    *,
+    input_name: str = "input",
+    output_name: str = "output",
+    dynamic_batch: bool = True,
+    opset: int = 17,
+) -> Path:
     """Export a torch module to ONNX (TorchScript-based exporter: fast and deterministic)."""
     torch = _torch()
     dynamic_axes = {input_name: {0: "batch"}, output_name: {0: "batch"}} if dynamic_batch else None
@@ -110,3 +119,24 @@ def image_calibration(path: Path, n: int = 16, name: str = "input") -> Path:
     rng = np.random.default_rng(7)
     np.savez(path, **{name: rng.standard_normal((n, 3, 32, 32)).astype(np.float32)})
     return path
+
+
+def export_again(result, spec, store, repository) -> dict[str, dict]:
+    """Compile ``result``'s source again with another spec (say, another precision) on the same store.
+
+    The reference and the conversions do not depend on precision, so they must come from the
+    cache: only export and publish run again. Returns each target's export meta; a failed
+    target raises its error.
+    """
+    from services.errors import KilnError
+    from services.pipeline import compile_model
+
+    again = compile_model(result.source.path, spec, store=store, repository=repository)
+    rerun = [
+        sid for sid, o in again.steps.items() if not o.cached and again.plan.step(sid).kind not in ("export", "publish")
+    ]
+    assert not rerun, f"precision-independent steps ran again: {rerun}"
+    for t in again.targets.values():
+        if t.error:
+            raise KilnError.from_dict(t.error)
+    return {t.value: again.steps[f"export:{t.value}"].meta for t in spec.targets}

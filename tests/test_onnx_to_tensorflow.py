@@ -10,11 +10,11 @@ SavedModel's signature, the step's report and the manifest all say. Nothing is d
 from __future__ import annotations
 
 import json
-import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
+from models import export_again
 
 from services.errors import ConversionFailed
 from services.formats import Format
@@ -114,32 +114,6 @@ def _spec(targets: list[str], precision: str = "fp32", **extra):
     )
 
 
-def _export_again(result, spec, store, repository, tmp: Path) -> dict[str, dict]:
-    """Run only the export and publish steps of ``spec`` on ``result``'s converted SavedModel.
-
-    The reference and the conversion do not depend on precision; running them once and
-    re-exporting through the same executor keeps the whole file inside its time budget.
-    """
-    plan = plan_routes(result.source.format, spec, default_name="m")
-    outcomes = dict(result.steps)
-    for step in plan.steps:
-        if step.kind not in ("export", "publish"):
-            assert step.id in outcomes, f"{step.id} was not part of the first job"
-            continue
-        keys = {role: outcomes[dep].key or "" for role, dep in step.inputs.items()}
-        outcomes[step.id] = run_step(
-            step,
-            job_id=uuid.uuid4().hex[:12],
-            spec=spec,
-            source=result.source,
-            input_keys=keys,
-            store=store,
-            scratch=tmp / uuid.uuid4().hex[:8],
-            repository=repository,
-        )
-    return {t.value: outcomes[f"export:{t.value}"].meta for t in spec.targets}
-
-
 def _assert_passed(parity: dict, precision: str) -> None:
     assert parity["passed"], parity["failures"]
     assert parity["samples"] == 4
@@ -207,7 +181,7 @@ def test_transformer_block_keeps_dynamic_batch(block_job, transformer_onnx) -> N
 def test_transformer_block_fp16_and_int8(block_job, shared_store, work) -> None:
     result, repository = block_job
     for precision, targets in (("fp16", ["tflite", "tfserving"]), ("int8", ["tflite"])):
-        metas = _export_again(result, _spec(targets, precision), shared_store, repository, work)
+        metas = export_again(result, _spec(targets, precision), shared_store, repository)
         for target in targets:
             _assert_passed(metas[target]["parity"], precision)
             assert metas[target]["precision"] == precision
@@ -263,7 +237,7 @@ def test_bert_exported_program_at_fixed_shapes(bert_job) -> None:
 def test_bert_fp16_and_int8(bert_job, shared_store, work) -> None:
     result, repository = bert_job
     for precision, targets in (("fp16", ["tflite", "tfserving"]), ("int8", ["tflite"])):
-        metas = _export_again(result, _spec(targets, precision), shared_store, repository, work)
+        metas = export_again(result, _spec(targets, precision), shared_store, repository)
         for target in targets:
             _assert_passed(metas[target]["parity"], precision)
             assert metas[target]["precision"] == precision

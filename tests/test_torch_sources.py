@@ -13,20 +13,17 @@ import os
 import pickle
 import subprocess
 import sys
-import uuid
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
-from models import tiny_cnn_module
+from models import export_again, tiny_cnn_module
 
 from services.errors import InvalidSpec, UnsafeInput
 from services.formats import Format
-from services.graph.planner import plan_routes
 from services.pipeline import compile_model
-from services.pipeline.executor import run_step
 from services.runners import open_runner
 from services.spec import load_spec
 
@@ -123,34 +120,6 @@ def _compile(path: Path, spec, store, repository):
     return compile_model(path, spec, store=store, repository=repository)
 
 
-def _export_again(result, spec, store, repository, tmp: Path) -> dict[str, object]:
-    """Run only the export and publish steps of ``spec`` on ``result``'s converted model.
-
-    The reference outputs and the converted ONNX do not depend on precision, but the
-    executor's cache key includes the whole spec, so a second compile_model would convert
-    again (the dynamo exporter alone takes seconds per run). This reuses the first job's
-    reference and conversion artifacts through the same executor the CLI uses.
-    """
-    plan = plan_routes(result.source.format, spec, default_name="m")
-    outcomes = dict(result.steps)
-    for step in plan.steps:
-        if step.kind not in ("export", "publish"):
-            assert step.id in outcomes, f"{step.id} was not part of the first job"
-            continue
-        keys = {role: outcomes[dep].key or "" for role, dep in step.inputs.items()}
-        outcomes[step.id] = run_step(
-            step,
-            job_id=uuid.uuid4().hex[:12],
-            spec=spec,
-            source=result.source,
-            input_keys=keys,
-            store=store,
-            scratch=tmp / uuid.uuid4().hex[:8],
-            repository=repository,
-        )
-    return {t.value: outcomes[f"export:{t.value}"].meta for t in spec.targets}
-
-
 def _onnx_dims(path: Path) -> dict[str, list[object]]:
     import onnx
 
@@ -200,7 +169,7 @@ def test_cnn_exported_program_to_onnxruntime_all_precisions(cnn, shared_store, r
     assert dims["x"][1:] == [3, 32, 32] and isinstance(dims["x"][0], str)  # the program's dynamic batch
     assert dims["output"][1:] == [10]
     for precision in ("fp16", "int8"):
-        meta = _export_again(result, _spec(["onnxruntime"], precision), shared_store, repository, tmp_path)
+        meta = export_again(result, _spec(["onnxruntime"], precision), shared_store, repository)
         _assert_passed(meta["onnxruntime"]["parity"], precision)
         assert meta["onnxruntime"]["precision"] == precision
     assert sorted(p.name for p in (repo_dir / "m").iterdir() if p.is_dir()) == ["1", "2", "3"]
@@ -227,7 +196,7 @@ def test_bert_exported_program_to_onnxruntime_all_precisions(
         ("attention_mask", "int64", [None, None]),
     ]
     for precision in ("fp16", "int8"):
-        meta = _export_again(result, _spec(["onnxruntime"], precision), shared_store, repository, tmp_path)
+        meta = export_again(result, _spec(["onnxruntime"], precision), shared_store, repository)
         _assert_passed(meta["onnxruntime"]["parity"], precision)
 
 
@@ -343,7 +312,7 @@ def test_cnn_torchscript_to_openvino_all_precisions(cnn, shared_store, repositor
     assert result.plan.routes["openvino"] == "torchscript → onnx → openvino_ir ⇒ openvino"
     _assert_passed(target.parity, "fp32")
     for precision in ("fp16", "int8"):
-        meta = _export_again(result, _spec(["openvino"], precision), shared_store, repository, tmp_path)
+        meta = export_again(result, _spec(["openvino"], precision), shared_store, repository)
         _assert_passed(meta["openvino"]["parity"], precision)
 
 
@@ -361,10 +330,10 @@ def test_cnn_torchscript_to_tflite_and_tfserving(cnn, shared_store, repository, 
         assert result.plan.routes[name] == f"torchscript → onnx → savedmodel ⇒ {name}"
         _assert_passed(target.parity, "fp32")
     assert "torchscript-to-onnx/onnx-to-savedmodel" in result.plan.shared  # converted once for both
-    meta = _export_again(result, _spec(["tflite", "tfserving"], "fp16"), shared_store, repository, tmp_path)
+    meta = export_again(result, _spec(["tflite", "tfserving"], "fp16"), shared_store, repository)
     _assert_passed(meta["tflite"]["parity"], "fp16")
     _assert_passed(meta["tfserving"]["parity"], "fp16")
-    meta = _export_again(result, _spec(["tflite"], "int8"), shared_store, repository, tmp_path)
+    meta = export_again(result, _spec(["tflite"], "int8"), shared_store, repository)
     _assert_passed(meta["tflite"]["parity"], "int8")
 
 
