@@ -13,6 +13,7 @@ from api.auth import TokenCache
 from api.deps import ReadAuth
 from api.errors import install_error_handlers
 from api.metrics import Metrics, MetricsMiddleware
+from api.polling import JobBodies, JobVersions
 from api.routes import compile as compile_routes
 from api.routes import jobs as job_routes
 from api.routes import plan as plan_routes
@@ -78,7 +79,8 @@ def create_app(
     state.repository = open_repository(settings)
     state.registry = registry or default_registry()
     state.token_cache = TokenCache()
-    state.job_bodies = job_routes.JobBodies()
+    state.job_bodies = JobBodies()
+    state.job_versions = JobVersions(state.jobs.job_versions)
     state.worker_max_age = max(3 * settings.step_heartbeat_interval, 15.0)
     state.metrics = Metrics(state)
     install_error_handlers(app)

@@ -2,7 +2,8 @@
 
 Runs in a worker thread (it hashes, extracts and copies files). Everything a user can get
 wrong is checked before the job is recorded, so a refused upload leaves nothing behind and
-an accepted one is durable before the 202 goes out.
+an accepted one is durable before the 202 goes out. The job and its first queued steps are
+recorded in one transaction, then announced on the broker.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from services.spec import load_spec
 from services.storage.base import ArtifactStore
 from workers.queues import enqueue_steps
 
-__all__ = ["accept_job", "start_job"]
+__all__ = ["prepare_job", "start_job", "submit_job"]
 
 log = logging.getLogger("kiln.api")
 
@@ -48,17 +49,16 @@ def _open_vetted(path: Path, work: Path, override: Any) -> Any:
     return source
 
 
-def accept_job(
+def prepare_job(
     upload: Upload,
     *,
-    jobs: JobStore,
     store: ArtifactStore,
     registry: Registry,
     use_cache: bool,
     owner: str | None,
     scratch_root: Path,
-) -> str:
-    """Validate and record the job of ``upload``; return its id (not yet enqueued)."""
+) -> NewJob:
+    """Validate, detect and plan ``upload`` and put its files in the store; return the job to record."""
     spec_text = upload.fields.get("spec")
     if spec_text is None:
         raise InvalidSpec(
@@ -90,31 +90,54 @@ def accept_job(
     if calibration is not None:
         calibration_key = f"sources/{calibration.sha256}"
         store.put_dir(calibration_key, calibration.path.parent)
-    return jobs.create_job(
-        NewJob(
-            name=spec.name or default_model_name(model.path),
-            spec=spec.model_dump(mode="json"),
-            plan=plan,
-            source_key=source_key,
-            source_sha256=model.sha256,
-            source_filename=model.filename,
-            source_format=source.format.value,
-            source_seen=source.seen,
-            source_size=model.size,
-            calibration_key=calibration_key,
-            calibration_sha256=calibration.sha256 if calibration else None,
-            calibration_filename=calibration.filename if calibration else None,
-            use_cache=use_cache,
-            owner=owner,
-        )
+    return NewJob(
+        name=spec.name or default_model_name(model.path),
+        spec=spec.model_dump(mode="json"),
+        plan=plan,
+        source_key=source_key,
+        source_sha256=model.sha256,
+        source_filename=model.filename,
+        source_format=source.format.value,
+        source_seen=source.seen,
+        source_size=model.size,
+        calibration_key=calibration_key,
+        calibration_sha256=calibration.sha256 if calibration else None,
+        calibration_filename=calibration.filename if calibration else None,
+        use_cache=use_cache,
+        owner=owner,
     )
 
 
-def start_job(jobs: JobStore, celery_app: Any, job_id: str) -> None:
-    """Queue the job's first steps; a broker outage fails the job and answers 503."""
-    advance = jobs.advance(job_id)
+def submit_job(
+    upload: Upload,
+    *,
+    jobs: JobStore,
+    store: ArtifactStore,
+    registry: Registry,
+    celery_app: Any,
+    use_cache: bool,
+    owner: str | None,
+    scratch_root: Path,
+) -> str:
+    """Accept ``upload``: record the job with its first steps queued, enqueue them; return its id.
+
+    The upload's temporary files are removed whatever happens.
+    """
     try:
-        enqueue_steps(celery_app, job_id, advance.queued)
+        new = prepare_job(
+            upload, store=store, registry=registry, use_cache=use_cache, owner=owner, scratch_root=scratch_root
+        )
+        advance = jobs.submit_job(new)
+        start_job(jobs, celery_app, new.id, advance.queued)
+    finally:
+        upload.cleanup()
+    return new.id
+
+
+def start_job(jobs: JobStore, celery_app: Any, job_id: str, queued: list[tuple[str, str]]) -> None:
+    """Announce the job's ``queued`` steps on the broker; a broker outage fails the job and answers 503."""
+    try:
+        enqueue_steps(celery_app, job_id, queued)
     except KilnError:
         raise
     except Exception as exc:

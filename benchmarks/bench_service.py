@@ -12,6 +12,12 @@
 4. A 1 GiB upload: throughput to the 202, and the API process's resident memory growth.
 
     .venv/bin/python benchmarks/bench_service.py [--runs 5] [--sections overhead,cache,throughput,upload]
+        [--baseline DIR]
+
+``--baseline DIR`` runs a second copy of the services from another checkout (e.g.
+``git archive <commit> | tar -x -C DIR``) turn by turn with this one, so a before/after
+comparison sees the same load. Its processes import DIR's code (PYTHONPATH ahead of the
+editable install) and use their own Redis and PostgreSQL databases.
 
 Needs Redis and PostgreSQL on 127.0.0.1 (.ci/run starts them) and wrk (`apt-get install wrk`).
 """
@@ -29,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +44,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from test_jobs_support import (  # noqa: E402 - the tests' process helpers, reused
+from jobs_support import (  # noqa: E402 - the tests' process helpers, reused
+    PG_ADMIN,
     Proc,
     free_port,
-    migrated_pg,
     read_sse,
     redis_url,
     service_env,
@@ -57,18 +64,62 @@ def _median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
-class Services:
-    """An embedded `kiln serve` and a distributed api + per-engine workers, started once."""
+def fresh_pg() -> str:
+    """Create and migrate a PostgreSQL database of its own (dropped at exit); return its URL."""
+    import atexit
+    import uuid
 
-    def __init__(self, root: Path) -> None:
+    import psycopg
+
+    from services.jobs.migrate import upgrade
+
+    name = f"kiln_bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+    def drop() -> None:
+        from services.jobs.db import _ENGINES
+
+        for engine in list(_ENGINES.values()):
+            if name in str(engine.url):
+                engine.dispose()
+        try:
+            with psycopg.connect(PG_ADMIN, autocommit=True) as c:
+                c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        except Exception:
+            pass
+
+    atexit.register(drop)
+    url = f"postgresql://postgres@127.0.0.1:5432/{name}"
+    upgrade(url)
+    return url
+
+
+class Services:
+    """An embedded `kiln serve` and a distributed api + per-engine workers, started once.
+
+    ``tree``: run another checkout's code (the baseline) instead of this one's.
+    """
+
+    def __init__(self, root: Path, tree: Path | None = None, redis_db: int = 12) -> None:
         self.root = root
+        self.tree = tree
+        self.redis_db = redis_db
         self.procs: list[Proc] = []
+        self._pg: str | None = None
+        root.mkdir(parents=True, exist_ok=True)
+
+    def env(self, **kiln: Any) -> dict[str, str]:
+        env = service_env(**kiln)
+        if self.tree is not None:
+            env["PYTHONPATH"] = os.pathsep.join([str(self.tree / "tests"), str(self.tree), env["PYTHONPATH"]])
+        return env
 
     def start_embedded(self) -> str:
         port = free_port()
         proc = Proc(
             ["serve", "--port", str(port), "--repo", str(self.root / "emb-repo")],
-            service_env(cache_dir=self.root / "emb-cache"),
+            self.env(cache_dir=self.root / "emb-cache"),
             self.root / "serve.log",
         )
         self.procs.append(proc)
@@ -78,9 +129,11 @@ class Services:
         return base
 
     def distributed_env(self) -> dict[str, Any]:
+        if self._pg is None:
+            self._pg = fresh_pg()
         return {
-            "database_url": migrated_pg(),
-            "broker_url": redis_url(12),
+            "database_url": self._pg,
+            "broker_url": redis_url(self.redis_db),
             "repository": str(self.root / "dist-repo"),
             "artifact_store": str(self.root / "dist-store"),
         }
@@ -92,13 +145,13 @@ class Services:
             self.procs.append(
                 Proc(
                     ["worker", "--engine", engine, "--concurrency", "2"],
-                    service_env(cache_dir=self.root / f"cache-{engine}", **env),
+                    self.env(cache_dir=self.root / f"cache-{engine}", **env),
                     self.root / f"worker-{engine}.log",
                 )
             )
         api = Proc(
             ["api", "--port", str(port), "--no-access-log", "--workers", str(api_workers), "--http", http],
-            service_env(cache_dir=self.root / "api-cache", **env),
+            self.env(cache_dir=self.root / "api-cache", **env),
             self.root / "api.log",
         )
         self.procs.append(api)
@@ -122,22 +175,55 @@ def _critical_path(steps: list[dict[str, Any]], seconds: dict[str, float]) -> fl
     return max(done.values())
 
 
-def _service_run(base: str, model: Path, spec: dict[str, Any], cache: bool) -> tuple[float, float, float]:
-    """Return (client end-to-end seconds, server seconds, critical-path step seconds) of one job."""
+def _ts(value: str | None) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(value).timestamp() if value else float("nan")
+
+
+@dataclass
+class ServiceRun:
+    """One job through the service: the client's and the server's view, and per-step timings."""
+
+    wall: float  # client: POST until the SSE stream's `finished`
+    server: float  # finished_at - created_at
+    work: float  # critical-path step seconds
+    submit: float  # client: the POST itself
+    # per step: (waited in queue, the step's own seconds, the rest of its claim-to-record span)
+    steps: dict[str, tuple[float, float, float]]
+    to_first_step: float  # created_at until the first step started
+    after_last_step: float  # the last step's recorded finish until the client saw `finished`
+
+
+def _service_run(base: str, model: Path, spec: dict[str, Any], cache: bool) -> ServiceRun:
     started = time.perf_counter()
     r = submit(base, model, spec, params={"cache": str(cache).lower()})
     assert r.status_code == 202, r.text
+    submitted = time.perf_counter()
     job_id = r.json()["id"]
     read_sse(base, job_id)
+    seen_finished = time.time()
     wall = time.perf_counter() - started
     job = wait_job(base, job_id)
     assert job["status"] == "succeeded", job
     work = _critical_path(job["plan"]["steps"], {s["id"]: s["seconds"] or 0.0 for s in job["steps"]})
-    return wall, float(job["server_seconds"]), work
+    steps = {}
+    for st in job["steps"]:
+        q, b, e = _ts(st["queued_at"]), _ts(st["started_at"]), _ts(st["finished_at"])
+        steps[st["id"]] = (b - q, st["seconds"] or 0.0, e - b - (st["seconds"] or 0.0))
+    return ServiceRun(
+        wall=wall,
+        server=float(job["server_seconds"]),
+        work=work,
+        submit=submitted - started,
+        steps=steps,
+        to_first_step=_ts(job["started_at"]) - _ts(job["created_at"]),
+        after_last_step=seen_finished - _ts(job["finished_at"]),
+    )
 
 
-def _direct_run(model: Path, spec: dict[str, Any], root: Path) -> tuple[float, float]:
-    """Return (seconds, critical-path step seconds) of an in-process compile_model."""
+def _direct_run(model: Path, spec: dict[str, Any], root: Path) -> tuple[float, float, dict[str, float]]:
+    """Return (seconds, critical-path step seconds, each step's seconds) of an in-process compile_model."""
     from services.pipeline import compile_model
     from services.repository import LocalModelRepository
     from services.spec import load_spec
@@ -154,58 +240,93 @@ def _direct_run(model: Path, spec: dict[str, Any], root: Path) -> tuple[float, f
     assert result.ok, {t: r.error for t, r in result.targets.items()}
     wall = time.perf_counter() - started
     plan = result.plan.to_dict()["steps"]
-    return wall, _critical_path(plan, {sid: o.seconds for sid, o in result.steps.items()})
+    seconds = {sid: o.seconds for sid, o in result.steps.items()}
+    return wall, _critical_path(plan, seconds), seconds
 
 
-def bench_overhead(models: list[tuple[str, Path]], runs: int, root: Path, embedded: str, dist: str) -> list[str]:
+def bench_overhead(
+    models: list[tuple[str, Path]], runs: int, root: Path, bases: dict[str, str]
+) -> tuple[list[str], list[str]]:
+    """Return the overhead table and the per-step breakdown table (of the first model)."""
     lines = [
         "| model | mode | end-to-end (s) | vs direct | critical-path step work (s) | service plumbing (s) |",
         "|---|---|---:|---:|---:|---:|",
     ]
-    for label, model in models:
+    breakdown: list[str] = []
+    for n, (label, model) in enumerate(models):
         _direct_run(model, SPEC, root)  # warm: imports and first-use costs out of the way
-        _service_run(embedded, model, SPEC, cache=False)
-        _service_run(dist, model, SPEC, cache=False)
-        rows: dict[str, list[tuple[float, ...]]] = {"direct": [], "embedded": [], "distributed": []}
-        for _ in range(runs):
-            rows["direct"].append(_direct_run(model, SPEC, root))
-            rows["embedded"].append(_service_run(embedded, model, SPEC, cache=False))
-            rows["distributed"].append(_service_run(dist, model, SPEC, cache=False))
-        direct = _median([r[0] for r in rows["direct"]])
+        for base in bases.values():
+            _service_run(base, model, SPEC, cache=False)
+        direct_rows: list[tuple[float, float, dict[str, float]]] = []
+        rows: dict[str, list[ServiceRun]] = {mode: [] for mode in bases}
+        for _ in range(runs):  # turn by turn: load from elsewhere hits every variant alike
+            direct_rows.append(_direct_run(model, SPEC, root))
+            for mode, base in bases.items():
+                rows[mode].append(_service_run(base, model, SPEC, cache=False))
+        direct = _median([r[0] for r in direct_rows])
         lines.append(
-            f"| {label} | direct compile_model | {direct:.2f} | - | {_median([r[1] for r in rows['direct']]):.2f} | - |"
+            f"| {label} | direct compile_model | {direct:.2f} | - | {_median([r[1] for r in direct_rows]):.2f} | - |"
         )
-        for mode in ("embedded", "distributed"):
-            wall = _median([r[0] for r in rows[mode]])
-            server = _median([r[1] for r in rows[mode]])
-            work = _median([r[2] for r in rows[mode]])
+        for mode, runs_ in rows.items():
+            wall = _median([r.wall for r in runs_])
+            server = _median([r.server for r in runs_])
+            work = _median([r.work for r in runs_])
             lines.append(
                 f"| {label} | {mode} | {wall:.2f} | {wall - direct:+.2f} s ({(wall / direct - 1) * 100:+.0f}%) "
                 f"| {work:.2f} | {server - work:.2f} |"
             )
-        print(f"  {label}: {rows}", file=sys.stderr)
-    return lines
+            print(f"  {label} {mode}: {[(round(r.wall, 3), round(r.server, 3)) for r in runs_]}", file=sys.stderr)
+        print(f"  {label} direct: {[round(r[0], 3) for r in direct_rows]}", file=sys.stderr)
+        if n == 0:
+            breakdown = _breakdown(label, direct_rows, rows)
+    return lines, breakdown
 
 
-def bench_cache(model: Path, runs: int, embedded: str, dist: str) -> list[str]:
+def _breakdown(
+    label: str, direct_rows: list[tuple[float, float, dict[str, float]]], rows: dict[str, list[ServiceRun]]
+) -> list[str]:
+    """Median per step: the direct call's seconds against each service variant's wait / work / rest."""
+    modes = list(rows)
+    head = "| step (" + label + ") | direct (ms) | " + " | ".join(f"{m}: wait / work / rest (ms)" for m in modes) + " |"
+    out = [head, "|---|---:|" + "---:|" * len(modes)]
+    for sid in direct_rows[0][2]:
+        cells = [f"{_median([r[2][sid] for r in direct_rows]) * 1000:.0f}"]
+        for m in modes:
+            parts = [_median([r.steps[sid][i] for r in rows[m]]) * 1000 for i in range(3)]
+            cells.append(" / ".join(f"{x:.0f}" for x in parts))
+        out.append(f"| {sid} | " + " | ".join(cells) + " |")
+    for what, attr in (
+        ("POST /compile (client)", "submit"),
+        ("created → first step starts", "to_first_step"),
+        ("last step recorded → client sees `finished`", "after_last_step"),
+    ):
+        cells = ["-"] + [f"{_median([getattr(r, attr) for r in rows[m]]) * 1000:.0f}" for m in modes]
+        out.append(f"| {what} | " + " | ".join(cells) + " |")
+    return out
+
+
+def bench_cache(model: Path, runs: int, bases: dict[str, str]) -> list[str]:
     lines = [
         "| deployment | server time, median (s) | max (s) | client end-to-end, median (s) |",
         "|---|---:|---:|---:|",
     ]
-    for label, base in (("embedded", embedded), ("distributed", dist)):
+    for label, base in bases.items():
         _service_run(base, model, SPEC, cache=True)
-        walls, servers, _ = zip(*(_service_run(base, model, SPEC, cache=True) for _ in range(runs)), strict=True)
-        lines.append(f"| {label} | {_median(list(servers)):.3f} | {max(servers):.3f} | {_median(list(walls)):.3f} |")
+        got = [_service_run(base, model, SPEC, cache=True) for _ in range(runs)]
+        servers = [r.server for r in got]
+        lines.append(
+            f"| {label} | {_median(servers):.3f} | {max(servers):.3f} | {_median([r.wall for r in got]):.3f} |"
+        )
     return lines
 
 
-def _wrk(url: str, seconds: int, connections: int, threads: int = 2) -> tuple[float, str, str]:
-    out = subprocess.run(
-        ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency", url],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+def _wrk(
+    url: str, seconds: int, connections: int, threads: int = 2, headers: dict[str, str] | None = None
+) -> tuple[float, str, str]:
+    cmd = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency"]
+    for k, v in (headers or {}).items():
+        cmd += ["-H", f"{k}: {v}"]
+    out = subprocess.run([*cmd, url], capture_output=True, text=True, check=True).stdout
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
     p50 = re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1)  # type: ignore[union-attr]
     p99 = re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1)  # type: ignore[union-attr]
@@ -237,39 +358,73 @@ def _api_and_db_pids(api_pid: int) -> list[int]:
     return pids
 
 
-def bench_throughput(model: Path, root: Path, seconds: int) -> list[str]:
-    lines = [
-        "| job polled | API processes | HTTP parser | connections | requests/s | p50 | p99 | CPU ms per request (API + PostgreSQL) |",
-        "|---|---:|---|---:|---:|---:|---:|---:|",
+def _poll_targets(base: str, model: Path) -> list[tuple[str, str, dict[str, str]]]:
+    """Submit a job that finishes and one that stays running; return (label, url, headers) to poll."""
+    import httpx
+
+    finished = submit(base, model, SPEC).json()["id"]
+    assert wait_job(base, finished)["status"] == "succeeded"
+    # No tensorflow worker runs here: this job stays `running` at its SavedModel step,
+    # so every GET has to find out whether it changed (finished jobs are served from memory).
+    running = submit(base, model, {"targets": ["tfserving"]}).json()["id"]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # until it waits at the step no worker takes
+        steps = httpx.get(f"{base}/jobs/{running}").json()["steps"]
+        if not any(st["status"] == "running" for st in steps) and any(st["status"] == "queued" for st in steps):
+            break
+        time.sleep(0.2)
+    out = [
+        ("finished (7 steps)", f"{base}/jobs/{finished}", {}),
+        ("running (5 steps)", f"{base}/jobs/{running}", {}),
     ]
+    etag = httpx.get(f"{base}/jobs/{running}").headers.get("etag")
+    if etag:  # a poller sending back the ETag it got: 304 while nothing changed
+        out.append(("running, If-None-Match", f"{base}/jobs/{running}", {"If-None-Match": etag}))
+    return out
+
+
+def bench_throughput(model: Path, root: Path, seconds: int, baseline: Path | None) -> list[str]:
+    lines = [
+        "| code | job polled | API processes | HTTP parser | connections | requests/s | p50 | p99 "
+        "| CPU ms per request (API + PostgreSQL) |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    trees: dict[str, Path | None] = {"this": None}
+    if baseline is not None:
+        trees["baseline"] = baseline
     for api_workers, http in ((1, "h11"), (1, "httptools"), (2, "httptools")):
-        svc = Services(root / f"tp{api_workers}{http}")
-        svc.root.mkdir(parents=True, exist_ok=True)
+        sets = {
+            name: Services(root / f"tp{api_workers}{http}-{name}", tree=tree, redis_db=12 if tree is None else 11)
+            for name, tree in trees.items()
+        }
         try:
-            base = svc.start_distributed(api_workers=api_workers, http=http)
-            finished = submit(base, model, SPEC).json()["id"]
-            assert wait_job(base, finished)["status"] == "succeeded"
-            # No tensorflow worker runs here: this job stays `running` at its SavedModel step,
-            # so every GET reads the job store (finished jobs are served from memory).
-            running = submit(base, model, {"targets": ["tfserving"]}).json()["id"]
-            for label, job_id in (("finished (7 steps)", finished), ("running (5 steps)", running)):
-                url = f"{base}/jobs/{job_id}"
-                _wrk(url, 2, 16)  # warm-up
+            polls = {}
+            for name, svc in sets.items():
+                base = svc.start_distributed(api_workers=api_workers, http=http)
+                polls[name] = _poll_targets(base, model)
+            for i, (label, _, _) in enumerate(polls["this"]):
                 for conns in (16, 64):
-                    pids = _api_and_db_pids(svc.api_pid)
-                    cpu0 = _cpu_seconds(pids)
-                    rps, p50, p99 = _wrk(url, seconds, conns)
-                    cpu_ms = (_cpu_seconds(pids) - cpu0) / (rps * seconds) * 1000
-                    lines.append(
-                        f"| {label} | {api_workers} | {http} | {conns} | {rps:.0f} | {p50} | {p99} | {cpu_ms:.2f} |"
-                    )
+                    for name, svc in sets.items():  # turn by turn
+                        if i >= len(polls[name]):
+                            continue
+                        _, url, headers = polls[name][i]
+                        _wrk(url, 2, conns, headers=headers)  # warm-up
+                        pids = _api_and_db_pids(svc.api_pid)
+                        cpu0 = _cpu_seconds(pids)
+                        rps, p50, p99 = _wrk(url, seconds, conns, headers=headers)
+                        cpu_ms = (_cpu_seconds(pids) - cpu0) / (rps * seconds) * 1000
+                        lines.append(
+                            f"| {name} | {label} | {api_workers} | {http} | {conns} | {rps:.0f} | {p50} | {p99} "
+                            f"| {cpu_ms:.2f} |"
+                        )
         finally:
-            svc.stop()
+            for svc in sets.values():
+                svc.stop()
     return lines
 
 
 def bench_isolation(model: Path, root: Path, runs: int = 30) -> list[str]:
-    """The price of running a step in its own process: fork from the forkserver, set up, report, exit."""
+    """The price of running a step outside the worker: a fresh child (fork, set up) or an idle one reused."""
     import shutil as _shutil
 
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "tests"), os.environ.get("PYTHONPATH")) if p)
@@ -288,35 +443,44 @@ def bench_isolation(model: Path, root: Path, runs: int = 30) -> list[str]:
         id="trivial",
         kind="convert",
         engine="onnxruntime",
-        entry="test_jobs_support:ok_step",
+        entry="jobs_support:ok_step",
         inputs={"model": "source"},
         tool="none",
     ).to_dict()
-    totals, inner = [], []
-    for i in range(runs + 1):
-        req = child.StepRequest(
-            job_id="iso",
-            step=step,
-            spec={"targets": ["onnxruntime"]},
-            source_key="sources/m",
-            source_filename="m.onnx",
-            input_keys={},
-            settings=settings,
-            scratch=root / "iso" / str(i),
-            use_cache=False,
+    rows = []
+    for fresh in (True, False):
+        totals, inner = [], []
+        for i in range(runs + 1):
+            req = child.StepRequest(
+                job_id="iso",
+                step=step,
+                spec={"targets": ["onnxruntime"]},
+                source_key="sources/m",
+                source_filename="m.onnx",
+                input_keys={},
+                settings=settings,
+                scratch=root / "iso" / f"{fresh}-{i}",
+                use_cache=False,
+            )
+            if fresh:
+                child.shutdown_children()  # no idle child left: this step forks a new one
+            started = time.perf_counter()
+            res = child.run_in_child(req, soft_limit=60, hard_limit=90)
+            assert res.ok, res.error
+            if i:  # the first one also starts the forkserver
+                totals.append((time.perf_counter() - started) * 1000)
+                inner.append(res.seconds * 1000)
+        totals.sort()
+        what = "in a freshly forked child" if fresh else "in the idle child that ran the previous step"
+        rows.append(
+            f"| a trivial step {what}, end to end | {_median(totals):.0f} | {totals[int(len(totals) * 0.9)]:.0f} "
+            f"| {_median(inner):.0f} |"
         )
-        started = time.perf_counter()
-        res = child.run_in_child(req, soft_limit=60, hard_limit=90)
-        assert res.ok, res.error
-        if i:  # the first one also starts the forkserver
-            totals.append((time.perf_counter() - started) * 1000)
-            inner.append(res.seconds * 1000)
-    totals.sort()
+    child.shutdown_children()
     return [
-        "| what | median (ms) | p90 (ms) |",
-        "|---|---:|---:|",
-        f"| a trivial step in a child process, end to end | {_median(totals):.0f} | {totals[int(len(totals) * 0.9)]:.0f} |",
-        f"| of which the step itself (executor, store put) | {_median(inner):.0f} | - |",
+        "| what | median (ms) | p90 (ms) | of which the step itself (executor, store put), median (ms) |",
+        "|---|---:|---:|---:|",
+        *rows,
     ]
 
 
@@ -397,12 +561,13 @@ def main() -> None:
     parser.add_argument("--sections", default="isolation,overhead,cache,throughput,upload")
     parser.add_argument("--wrk-seconds", type=int, default=10)
     parser.add_argument("--upload-mib", type=int, default=1024)
+    parser.add_argument("--baseline", type=Path, help="another checkout to run side by side (before/after)")
     args = parser.parse_args()
     sections = set(args.sections.split(","))
     root = Path(tempfile.mkdtemp(prefix="kiln-bench-service-"))
     print(
         f"# Service benchmarks ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-        f"Python {platform.python_version()})\n"
+        f"Python {platform.python_version()}, load average {' '.join(f'{x:.1f}' for x in os.getloadavg())})\n"
     )
     try:
         from models import tiny_cnn_onnx, tiny_transformer_onnx
@@ -412,27 +577,37 @@ def main() -> None:
             ("transformer block", tiny_transformer_onnx(root / "tf.onnx")),
         ]
         if sections & {"overhead", "cache"}:
-            svc = Services(root)
+            sets = [Services(root / "this")]
+            if args.baseline is not None:
+                sets.append(Services(root / "baseline", tree=args.baseline.resolve(), redis_db=11))
             try:
-                embedded = svc.start_embedded()
-                dist = svc.start_distributed()
+                bases: dict[str, str] = {}
+                for svc in sets:
+                    tag = "" if svc.tree is None else " (baseline)"
+                    bases[f"embedded{tag}"] = svc.start_embedded()
+                    bases[f"distributed{tag}"] = svc.start_distributed()
                 if "overhead" in sections:
                     print(f"## Service overhead (targets onnxruntime + openvino, cache off, median of {args.runs})\n")
-                    print("\n".join(bench_overhead(models, args.runs, root, embedded, dist)) + "\n")
+                    table, breakdown = bench_overhead(models, args.runs, root, bases)
+                    print("\n".join(table) + "\n")
+                    print("## Where the time goes, per step (median; rest = claim-to-record time outside the step)\n")
+                    print("\n".join(breakdown) + "\n")
                 if "cache" in sections:
                     print(f"## Identical resubmission, every step from the cache (median of {args.runs})\n")
-                    print("\n".join(bench_cache(models[0][1], args.runs, embedded, dist)) + "\n")
+                    print("\n".join(bench_cache(models[0][1], args.runs, bases)) + "\n")
             finally:
-                svc.stop()
+                for svc in sets:
+                    svc.stop()
         if "isolation" in sections:
-            print("## Process isolation per step (forkserver child, median of 30)\n")
+            print("## Process isolation per step (median of 30)\n")
             print("\n".join(bench_isolation(models[0][1], root)) + "\n")
         if "throughput" in sections:
             print(f"## GET /jobs/{{id}} under load (wrk -t2, {args.wrk_seconds} s, same 2 cores)\n")
-            print("\n".join(bench_throughput(models[0][1], root, args.wrk_seconds)) + "\n")
+            print("\n".join(bench_throughput(models[0][1], root, args.wrk_seconds, args.baseline)) + "\n")
         if "upload" in sections:
             print("## Upload (streamed to disk, hashed on the way)\n")
             print("\n".join(bench_upload(root, args.upload_mib * 2**20)) + "\n")
+        print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -7,8 +7,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import update
 from jobs_support import migrated_pg
+from sqlalchemy import update
 
 from services.errors import ServiceUnavailable
 from services.formats import Format
@@ -326,3 +326,61 @@ def test_kiln_migrate_and_token_commands_work_from_any_directory(tmp_path: Path)
     token = made.stdout.strip()
     rec = JobStore(url).verify_token(token)
     assert rec is not None and rec.name == "ci" and rec.scopes == "read"
+
+
+def test_a_submitted_job_is_recorded_with_its_first_steps_queued_in_one_go(jobs: JobStore) -> None:
+    spec = load_spec({"targets": ["onnxruntime"]})
+    new = NewJob(
+        name="cnn",
+        spec=spec.model_dump(mode="json"),
+        plan=plan_routes(Format.ONNX, spec, default_name="cnn"),
+        source_key="sources/abc",
+        source_sha256="ab" * 32,
+        source_filename="cnn.onnx",
+        source_format="onnx",
+    )
+    adv = jobs.submit_job(new)
+    assert adv.queued == [("reference", "onnxruntime")]
+    steps = {s.step_id: s.status for s in jobs.get_job(new.id).steps}
+    assert steps["reference"] == "queued" and {v for k, v in steps.items() if k != "reference"} == {"pending"}
+    assert [e.type for e in jobs.events(new.id)] == ["submitted", "planned", "step_queued"]
+    assert jobs.advance(new.id).queued == []  # nothing is queued twice
+
+
+def test_job_versions_move_with_every_change_and_leave_out_unknown_jobs(jobs: JobStore) -> None:
+    a, b = _new_job(jobs), _new_job(jobs)
+    before = jobs.job_versions([a, b, "nope"])
+    assert set(before) == {a, b} and before[a].status == "queued"
+    assert before[a].version == jobs.job_version(a)
+    jobs.advance(a)
+    jobs.claim_step(a, "reference", "w1", stale_after=60)
+    after = jobs.job_versions([a, b])
+    assert after[a].version > before[a].version and after[a].status == "running"
+    assert after[b] == before[b]
+    assert jobs.job_versions([]) == {}
+
+
+def test_a_step_recording_events_waits_for_the_jobs_lock(jobs: JobStore) -> None:
+    # Events of one job are committed in id order only if every writer of them holds the
+    # job's row lock: a writer that did not could commit an older id after a newer one, and
+    # a reader keyed on the newest id would miss the change.
+    job_id = _new_job(jobs)
+    jobs.advance(job_id)
+    claim = jobs.claim_step(job_id, "reference", "w1", stale_after=60)
+    assert claim is not None
+    writers = {
+        "progress": lambda: jobs.progress(job_id, "reference", ["halfway"]),
+        "heartbeat with progress": lambda: jobs.heartbeat(job_id, "reference", claim.attempt, ["more"]),
+        "release": lambda: jobs.release_step(job_id, "reference", claim.attempt, "test"),
+    }
+    for name, write in writers.items():
+        with jobs.write() as s:
+            jobs._lock_job(s, job_id)  # another transaction holds the job
+            t = threading.Thread(target=write)
+            t.start()
+            t.join(0.3)
+            assert t.is_alive(), f"{name} did not wait for the job's lock"
+        t.join(10)
+        assert not t.is_alive()
+    types = [e.type for e in jobs.events(job_id)]
+    assert types[-3:] == ["progress", "progress", "step_requeued"]

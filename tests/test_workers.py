@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -124,6 +126,62 @@ def test_cancel_kills_the_running_child(env: dict[str, Any]) -> None:
 def test_a_step_taken_over_elsewhere_is_dropped_without_a_result(env: dict[str, Any]) -> None:
     res = _run(env, "sleep_step", "lost", tick=lambda: "lost", tick_interval=0.2)
     assert res.lost and not res.ok and res.error is None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+def test_a_child_that_succeeded_serves_the_next_step_with_its_own_log(env: dict[str, Any]) -> None:
+    first = _run(env, "ok_step", "reuse-1")
+    second = _run(env, "ok_step", "reuse-2")
+    assert first.ok and second.ok
+    assert second.pid == first.pid and second.pid != os.getpid()  # warm: no fork, no first-use costs
+    assert second.log.count("tool output line") == 1  # each step's output is its own
+
+
+def test_a_failed_step_takes_its_child_with_it(env: dict[str, Any]) -> None:
+    ok = _run(env, "ok_step", "before-raise")
+    failed = _run(env, "raising_step", "raise-retires")
+    after = _run(env, "ok_step", "after-raise")
+    assert ok.ok and not failed.ok and after.ok
+    assert failed.pid == ok.pid  # the idle child took the step ...
+    assert not _alive(failed.pid) and after.pid != failed.pid  # ... and left with the failure
+
+
+def test_an_idle_child_that_died_is_replaced_without_failing_the_step(env: dict[str, Any]) -> None:
+    first = _run(env, "ok_step", "idle-victim")
+    os.kill(first.pid, signal.SIGKILL)  # e.g. the OOM killer picked the idle child
+    deadline = time.monotonic() + 10
+    while _alive(first.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    second = _run(env, "ok_step", "after-idle-death")
+    assert second.ok, second.error
+    assert second.pid != first.pid
+
+
+def test_cancel_and_timeout_leave_no_child_behind(env: dict[str, Any]) -> None:
+    res = _run(env, "sleep_step", "cancel-reaped", tick=lambda: "cancel", tick_interval=0.2)
+    assert res.error["code"] == "CANCELLED" and not _alive(res.pid)
+    again = _run(env, "ok_step", "after-cancel")
+    assert again.ok and again.pid != res.pid
+
+
+def test_a_plain_file_source_is_taken_as_the_api_recorded_it_not_hashed_per_step(env: dict[str, Any]) -> None:
+    req = _request(env, "jobs_support:ok_step", "recorded-source")
+    req.source_format, req.source_sha256, req.source_seen = "onnx", "ab" * 32, "ONNX ModelProto"
+    res = run_in_child(req, soft_limit=60, hard_limit=90)
+    assert res.ok, res.error
+    # ok_step writes the sha256 the step was given: the recorded one, not a fresh hash.
+    assert (env["store"].local_path(res.key) / "out.txt").read_text() == "ab" * 32
+    plain = _run(env, "ok_step", "hashed-source")
+    real = hashlib.sha256((env["store"].local_path("sources/cnn") / "cnn.onnx").read_bytes()).hexdigest()
+    assert (env["store"].local_path(plain.key) / "out.txt").read_text() == real
 
 
 def test_forkserver_preloads_the_engines_it_serves() -> None:

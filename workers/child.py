@@ -1,4 +1,4 @@
-"""Run one plan step in a child process, so a crashing converter fails its step, not the worker.
+"""Run plan steps in child processes, so a crashing converter fails its step, not the worker.
 
 Children come from a multiprocessing *forkserver*: a clean, single-threaded process started
 once per worker process that has imported Kiln's step code and the fork-safe engine
@@ -7,19 +7,30 @@ spawning a fresh interpreter and importing them again would cost about a second 
 TensorFlow and torch are never preloaded: neither supports being forked after import,
 so steps that need them import them in the child.
 
-The child writes its stdout/stderr (and faulthandler's dump on a segfault) to a log file,
-sends progress lines and its result over a pipe, and dies with its parent (PR_SET_PDEATHSIG).
-The parent enforces the soft (SIGTERM) and hard (SIGKILL) time limits, stops the child when
-the job is cancelled, and turns a death by signal into CONVERSION_FAILED naming the signal
-and the tail of the child's output.
+A child that finished a step cleanly stays and serves the worker's next step: the engines'
+first-use costs (sessions, plugins, lazy imports, version look-ups: 30-90 ms per step on
+this code base's steps) and the fork are paid once per child instead of once per step, as
+they are in the in-process ``kiln compile``. It retires after any failure, after
+``MAX_STEPS_PER_CHILD`` steps, when it has grown past ``MAX_CHILD_RSS``, or after
+``CHILD_IDLE_SECONDS`` without work; a step that is cancelled, lost or over its time limit
+takes its child with it. So a crash still fails one step and never the worker.
+
+Each step writes its stdout/stderr (and faulthandler's dump on a segfault) to its own log
+file, sends progress lines and its result over a pipe. Children die with the forkserver
+(PR_SET_PDEATHSIG), which dies with the worker. The parent enforces the soft (SIGTERM) and
+hard (SIGKILL) time limits, stops the child when the job is cancelled, and turns a death by
+signal into CONVERSION_FAILED naming the signal and the tail of the child's output.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import multiprocessing
+import multiprocessing.util  # its exit hook must be registered before ours (see shutdown_children)
 import os
 import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -30,7 +41,17 @@ from typing import Any
 from services.errors import Cancelled, ConversionFailed, KilnError, Timeout
 from services.settings import Settings
 
-__all__ = ["ChildResult", "StepRequest", "fetch_local", "preload_modules", "run_in_child"]
+__all__ = [
+    "CHILD_IDLE_SECONDS",
+    "MAX_CHILD_RSS",
+    "MAX_STEPS_PER_CHILD",
+    "ChildResult",
+    "StepRequest",
+    "fetch_local",
+    "preload_modules",
+    "run_in_child",
+    "shutdown_children",
+]
 
 #: Modules every step child needs; importing them once in the forkserver is what makes forks cheap.
 _BASE_PRELOAD = (
@@ -49,6 +70,8 @@ _BASE_PRELOAD = (
     "services.storage.factory",
     "workers.child",
 )
+#: Imported after everything else: fills caches every child would rebuild, freezes the heap.
+_WARM = "workers._forkserver_warm"
 #: Preloaded only when a location is on S3: boto3 in the forkserver makes every fork ~80 ms slower.
 _S3_PRELOAD = ("services.storage.s3", "services.repository.s3")
 #: Engine libraries known to be safe to fork after import (they start no threads that matter).
@@ -59,6 +82,15 @@ _ENGINE_PRELOAD = {
 
 LOG_TAIL_CHARS = 4000
 STORED_LOG_CHARS = 64_000
+
+#: A child serves at most this many steps, then a fresh one is forked (bounds slow leaks).
+MAX_STEPS_PER_CHILD = 100
+#: A child whose resident memory is above this after a step retires instead of idling on it.
+MAX_CHILD_RSS = 1 << 30
+#: An idle child leaves after this many seconds without a step (its memory goes back).
+CHILD_IDLE_SECONDS = 300.0
+#: How long an idle child may take to acknowledge a step before a fresh one is used instead.
+ACK_TIMEOUT = 10.0
 
 
 @dataclass
@@ -77,6 +109,11 @@ class StepRequest:
     calibration_filename: str | None = None
     calibration_sha256: str | None = None
     use_cache: bool = True
+    # What the API detected and hashed at upload; with them a plain-file source is not read
+    # again by every step (hashing a 1 GiB model takes seconds).
+    source_format: str | None = None
+    source_sha256: str | None = None
+    source_seen: str = ""
 
 
 @dataclass
@@ -91,6 +128,7 @@ class ChildResult:
     error: dict[str, Any] | None = None
     log: str = ""
     lost: bool = False  # the step was taken over by another worker; record nothing
+    pid: int | None = None  # the child process that ran the step
 
 
 def preload_modules(engines: list[str], settings: Settings | None = None) -> list[str]:
@@ -100,6 +138,7 @@ def preload_modules(engines: list[str], settings: Settings | None = None) -> lis
         mods.extend(m for m in _ENGINE_PRELOAD.get(e, ()) if m not in mods)
     if settings is not None and any(loc.startswith("s3://") for loc in (settings.store_location, settings.repository)):
         mods.extend(_S3_PRELOAD)
+    mods.append(_WARM)
     return mods
 
 
@@ -148,6 +187,9 @@ def fetch_local(store: Any, key: str, cache_root: Path) -> Path:
     return dest
 
 
+# --- the child ---------------------------------------------------------------------------
+
+
 def _die_with_parent() -> None:
     # Linux only: ask the kernel to SIGKILL us when the forkserver (our parent) exits, which
     # it does when the worker process that started it dies; no orphaned conversions.
@@ -160,14 +202,23 @@ def _die_with_parent() -> None:
         pass
 
 
-def _redirect_output(log_path: Path) -> None:
-    import faulthandler
+def _redirect_output(log_path: Path | None) -> None:
+    """Point fds 1 and 2 (so Python, C libraries and faulthandler alike) at ``log_path``, or /dev/null."""
     import sys
 
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(log_path or os.devnull, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+
+
+def _own_output() -> None:
+    """Give Python line-buffered streams on fds 1 and 2 and faulthandler's dump on fd 2 (once per child)."""
+    import faulthandler
+    import sys
+
     sys.stdout = open(1, "w", buffering=1, closefd=False)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
     faulthandler.enable(file=sys.stderr)
@@ -179,15 +230,22 @@ def _json_safe(meta: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(body, default=str))  # type: ignore[no-any-return]
 
 
-def _child_main(req: StepRequest, conn: Any, log_path: Path) -> None:
-    """Body of the child process: run the step through the executor and report back."""
-    _die_with_parent()
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _redirect_output(log_path)
+def _rss_bytes() -> int:
     try:
-        payload = _run(req, lambda m: conn.send(("progress", m)))
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _run_reporting(req: StepRequest, conn: Any) -> dict[str, Any]:
+    """Run ``req`` and return the payload to report, whatever happened."""
+    try:
+        return _run(req, lambda m: conn.send(("progress", m)))
     except KilnError as exc:
-        payload = {"ok": False, "error": exc.to_dict()}
+        return {"ok": False, "error": exc.to_dict()}
     except BaseException as exc:  # the step must report, whatever happened
         tail = traceback.format_exc()[-LOG_TAIL_CHARS:]
         err = ConversionFailed(
@@ -196,15 +254,50 @@ def _child_main(req: StepRequest, conn: Any, log_path: Path) -> None:
             tool=req.step.get("tool", ""),
             output_tail=tail,
         )
-        payload = {"ok": False, "error": err.to_dict()}
-    conn.send(("done", payload))
-    conn.close()
-    # Leave now: the artifact is stored and the result sent. A normal exit would join
-    # library threads (OpenVINO's telemetry keeps one), costing up to a second per step.
-    import sys
+        return {"ok": False, "error": err.to_dict()}
 
-    sys.stdout.flush()
-    sys.stderr.flush()
+
+def _child_loop(conn: Any) -> None:
+    """Body of a step child: run the steps the parent sends, one at a time, until told to retire."""
+    _die_with_parent()
+    _redirect_output(None)
+    _own_output()
+    home, environ = os.getcwd(), dict(os.environ)
+    served = 0
+    while True:
+        try:
+            if not conn.poll(CHILD_IDLE_SECONDS):
+                break  # idle too long: the parent sees EOF before an ack and forks a fresh child
+            msg = conn.recv()
+        except (EOFError, OSError):
+            break
+        if msg is None:
+            break
+        req, log_path = msg
+        conn.send(("ack", os.getpid()))
+        # A previous step may have changed these; each step starts from the child's own.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        _redirect_output(log_path)
+        payload = _run_reporting(req, conn)
+        served += 1
+        # Only a clean success leaves the child fit for more: after a failure, whatever the
+        # tool left behind (threads, half-built state) goes with the process.
+        payload["retire"] = not payload.get("ok") or served >= MAX_STEPS_PER_CHILD or _rss_bytes() > MAX_CHILD_RSS
+        _redirect_output(None)  # flushes the step's log before the parent reads its tail
+        conn.send(("done", payload))
+        if payload["retire"]:
+            break
+        os.chdir(home)
+        if os.environ != environ:
+            os.environ.clear()
+            os.environ.update(environ)
+        if not conn.poll(1.0):  # no next step right away: collect garbage while idle, off its clock
+            import gc
+
+            gc.collect()
+    conn.close()
+    # Leave now: a normal exit would join library threads (OpenVINO's telemetry keeps one),
+    # costing up to a second.
     os._exit(0)
 
 
@@ -221,8 +314,25 @@ def _uploaded_file(directory: Path, filename: str) -> Path:
     return files[0] if len(files) == 1 else wanted
 
 
+def _open_source(req: StepRequest, path: Path, work: Path, override: Any) -> Any:
+    """Return the job's source as the executor wants it.
+
+    A plain file is what the API detected and hashed at upload (same detection, same
+    override), so it is taken as recorded; archives and directories go through open_source,
+    which extracts (and vets) them.
+    """
+    from services.formats import DetectedSource, Format, open_source
+    from services.formats.archives import archive_kind
+
+    if req.source_format and req.source_sha256 and path.is_file() and archive_kind(path) is None:
+        return DetectedSource(
+            format=Format(req.source_format), path=path, seen=req.source_seen, sha256=req.source_sha256
+        )
+    return open_source(path, work, override)
+
+
 def _run(req: StepRequest, progress: Callable[[str], None]) -> dict[str, Any]:
-    from services.formats import Format, open_source
+    from services.formats import Format
     from services.graph.planner import PlanStep
     from services.jobs.backends import open_repository, open_store
     from services.pipeline.executor import run_step
@@ -238,7 +348,7 @@ def _run(req: StepRequest, progress: Callable[[str], None]) -> dict[str, Any]:
     work = req.scratch / "work"
     work.mkdir(parents=True, exist_ok=True)
     override = Format(spec.source_format) if spec.source_format else None
-    source = open_source(_uploaded_file(src_dir, req.source_filename), work, override)
+    source = _open_source(req, _uploaded_file(src_dir, req.source_filename), work, override)
     calibration_path = None
     if req.calibration_key and req.calibration_filename:
         calibration_path = _uploaded_file(fetch_local(store, req.calibration_key, fetch_root), req.calibration_filename)
@@ -266,6 +376,78 @@ def _run(req: StepRequest, progress: Callable[[str], None]) -> dict[str, Any]:
     }
 
 
+# --- the parent --------------------------------------------------------------------------
+
+
+class _StepChild:
+    """A child process and the parent's end of its pipe."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.conn, theirs = ctx.Pipe(duplex=True)
+        self.proc = ctx.Process(target=_child_loop, args=(theirs,), name="kiln-step")
+        self.proc.start()
+        theirs.close()
+        self.idle_since = time.monotonic()
+
+    def hand_over(self, req: StepRequest, log_path: Path) -> bool:
+        """Give an idle child ``req``; False when it is gone or does not answer (then discard it)."""
+        try:
+            self.conn.send((req, log_path))
+            if self.conn.poll(ACK_TIMEOUT):
+                kind, _ = self.conn.recv()
+                return bool(kind == "ack")
+        except (EOFError, OSError):
+            pass
+        return False
+
+    def discard(self, wait: float = 5.0) -> None:
+        """Make sure the process is gone (it may be leaving by itself) and close the pipe."""
+        try:
+            self.conn.send(None)  # an idle child leaves at once; a dead one cannot hear it
+        except OSError:
+            pass
+        self.proc.join(wait)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+        self.conn.close()
+
+
+_IDLE: list[_StepChild] = []
+_IDLE_LOCK = threading.Lock()
+
+
+def _idle_child() -> _StepChild | None:
+    """Return an idle child (most recently used first), or None; stale ones are dropped."""
+    with _IDLE_LOCK:
+        while _IDLE:
+            child = _IDLE.pop()
+            # Margin: a child close to its own idle limit may be leaving right now.
+            if child.proc.is_alive() and time.monotonic() - child.idle_since < CHILD_IDLE_SECONDS - ACK_TIMEOUT:
+                return child
+            threading.Thread(target=child.discard, daemon=True).start()
+    return None
+
+
+def _park(child: _StepChild) -> None:
+    child.idle_since = time.monotonic()
+    with _IDLE_LOCK:
+        _IDLE.append(child)
+
+
+def shutdown_children() -> None:
+    """Stop this process's idle step children (worker shutdown; also at interpreter exit)."""
+    with _IDLE_LOCK:
+        children, _IDLE[:] = list(_IDLE), []
+    for child in children:
+        child.discard(wait=2.0)
+
+
+# Registered after multiprocessing's own exit hook, so it runs first: that hook joins
+# every non-daemonic child, and an idle child would otherwise keep the worker from exiting.
+atexit.register(shutdown_children)
+
+
 def _read_tail(path: Path, n: int) -> str:
     try:
         with open(path, "rb") as f:
@@ -284,6 +466,17 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
+def _start(req: StepRequest, log_path: Path) -> _StepChild:
+    """Return a child running ``req``: an idle one if any takes it, else a fresh fork."""
+    while (idle := _idle_child()) is not None:
+        if idle.hand_over(req, log_path):
+            return idle
+        idle.discard()
+    child = _StepChild(_context())
+    child.conn.send((req, log_path))
+    return child
+
+
 def run_in_child(
     req: StepRequest,
     *,
@@ -293,37 +486,35 @@ def run_in_child(
     tick: Callable[[], str | None] | None = None,
     tick_interval: float = 1.0,
 ) -> ChildResult:
-    """Run ``req`` in a forked child and wait for it; never raises for what the step does.
+    """Run ``req`` in a child process and wait for it; never raises for what the step does.
 
     ``tick`` is called every ``tick_interval`` seconds while the child runs and may answer
     "cancel" (stop it: CANCELLED) or "lost" (stop it: another worker owns the step now).
     """
     req.scratch.mkdir(parents=True, exist_ok=True)
     log_path = req.scratch / "step.log"
-    ctx = _context()
-    parent_conn, child_conn = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child_main, args=(req, child_conn, log_path), name=f"kiln-step-{req.step['id']}")
     started = time.monotonic()
-    proc.start()
-    child_conn.close()
+    child = _start(req, log_path)
+    proc, conn = child.proc, child.conn
     payload: dict[str, Any] | None = None
     stop_reason: str | None = None  # cancel | lost | timeout
     terminated_at: float | None = None
     next_tick = started + tick_interval
     eof = False
-    while True:
+    while payload is None:
         if eof:
             proc.join(0.1)
         else:
             try:
-                if parent_conn.poll(0.1):
-                    kind, body = parent_conn.recv()
+                if conn.poll(0.1):
+                    kind, body = conn.recv()
                     if kind == "progress" and on_progress is not None:
                         on_progress(str(body))
                     elif kind == "done":
                         payload = body
+                        break
             except (EOFError, OSError):
-                eof = True  # the child closed its end: it finished or died
+                eof = True  # the child closed its end: it died
         if not proc.is_alive():
             break
         now = time.monotonic()
@@ -338,29 +529,31 @@ def run_in_child(
             proc.terminate()  # SIGTERM: the soft limit
         if terminated_at is not None and now - terminated_at > max(hard_limit - soft_limit, 1.0):
             proc.kill()  # the hard limit
-    proc.join()
-    # Drain anything sent just before exit.
-    while payload is None:
+    # Drain anything sent just before the child died.
+    while payload is None and not eof:
         try:
-            if not parent_conn.poll(0):
+            if not conn.poll(0):
                 break
-            kind, body = parent_conn.recv()
+            kind, body = conn.recv()
             if kind == "done":
                 payload = body
-            elif on_progress is not None:
+            elif kind == "progress" and on_progress is not None:
                 on_progress(str(body))
         except (EOFError, OSError):
             break
-    parent_conn.close()
     seconds = time.monotonic() - started
+    if payload is not None and stop_reason is None and not payload.get("retire") and proc.is_alive():
+        _park(child)  # fit for the next step
+    else:
+        child.discard()
     log = _read_tail(log_path, STORED_LOG_CHARS)
     step_id = req.step["id"]
     if stop_reason == "lost":
-        return ChildResult(ok=False, lost=True, seconds=seconds, log=log)
+        return ChildResult(ok=False, lost=True, seconds=seconds, log=log, pid=proc.pid)
     err: KilnError
     if stop_reason == "cancel":
         err = Cancelled(f"step {step_id} was stopped: its job was cancelled", step=step_id)
-        return ChildResult(ok=False, error=err.to_dict(), seconds=seconds, log=log)
+        return ChildResult(ok=False, error=err.to_dict(), seconds=seconds, log=log, pid=proc.pid)
     if payload is not None:
         return ChildResult(
             ok=bool(payload.get("ok")),
@@ -370,6 +563,7 @@ def run_in_child(
             meta=payload.get("meta") or {},
             error=payload.get("error"),
             log=log,
+            pid=proc.pid,
         )
     tail = log[-LOG_TAIL_CHARS:]
     if stop_reason == "timeout":
@@ -378,7 +572,7 @@ def run_in_child(
             step=step_id,
             output_tail=tail,
         )
-        return ChildResult(ok=False, error=err.to_dict(), seconds=seconds, log=log)
+        return ChildResult(ok=False, error=err.to_dict(), seconds=seconds, log=log, pid=proc.pid)
     code = proc.exitcode or 0
     how = f"was killed by {_signal_name(code)}" if code < 0 else f"exited with status {code}"
     if code == -signal.SIGKILL:
@@ -390,4 +584,4 @@ def run_in_child(
         exit_code=code,
         output_tail=tail,
     )
-    return ChildResult(ok=False, error=err.to_dict(), seconds=seconds, log=log)
+    return ChildResult(ok=False, error=err.to_dict(), seconds=seconds, log=log, pid=proc.pid)

@@ -86,5 +86,6 @@ def run_worker(
     @signals.worker_shutdown.connect(weak=False)
     def _shutdown(**_: Any) -> None:
         maintenance.stop()
+        child.shutdown_children()  # idle step children would otherwise wait out their idle limit
 
     app.worker_main(worker_argv(served, concurrency, hostname, loglevel))

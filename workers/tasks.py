@@ -51,7 +51,7 @@ class StepRun:
     step_id: str
     outcome: str  # skipped | succeeded | failed | cancelled | lost
     cached: bool = False
-    timings: dict[str, float] = field(default_factory=dict)  # ms: claim, run, step, record
+    timings: dict[str, float] = field(default_factory=dict)  # ms: claim, run, step, record, enqueue
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -99,8 +99,10 @@ class _StepKeeper(threading.Thread):
     """Heartbeats a claimed step and records its progress from claim to result.
 
     A thread of its own, so the step keeps its claim whatever the task is doing meanwhile
-    (waiting for the forkserver, fetching a large input from S3, running the child); it
-    notices a cancel or a takeover and says so through ``verdict``.
+    (waiting for a child, fetching a large input from S3, running the step); it notices a
+    cancel or a takeover and says so through ``verdict``. Progress goes out with the
+    heartbeat (one transaction per interval), and what is left at the end with the step's
+    result: a step costs no commit of its own for its progress lines.
     """
 
     def __init__(self, jobs: JobStore, claim: ClaimedStep, interval: float) -> None:
@@ -115,19 +117,17 @@ class _StepKeeper(threading.Thread):
         with self._lock:
             self._pending.append(message)
 
-    def flush(self) -> None:
+    def take_pending(self) -> list[str]:
+        """Return (and forget) the progress lines not recorded yet."""
         with self._lock:
             batch, self._pending = self._pending, []
-        if batch:
-            try:
-                self.jobs.progress(self.claim.job_id, self.claim.step_id, batch)
-            except Exception:  # progress is best effort; the step's result is what counts
-                log.warning("could not record progress of %s/%s", self.claim.job_id, self.claim.step_id, exc_info=True)
+        return batch
 
     def beat(self) -> None:
+        batch = self.take_pending()
         try:
-            ours, cancelled = self.jobs.heartbeat(self.claim.job_id, self.claim.step_id, self.claim.attempt)
-        except Exception:
+            ours, cancelled = self.jobs.heartbeat(self.claim.job_id, self.claim.step_id, self.claim.attempt, batch)
+        except Exception:  # progress is best effort; the heartbeat is retried next interval
             log.warning("heartbeat failed for %s/%s", self.claim.job_id, self.claim.step_id, exc_info=True)
             return
         if cancelled:
@@ -137,17 +137,25 @@ class _StepKeeper(threading.Thread):
 
     def run(self) -> None:
         while not self._stop_event.wait(self.interval):
-            self.flush()
             self.beat()
 
-    def stop(self) -> None:
+    def stop(self) -> list[str]:
+        """Stop beating; return the progress lines still to record (with the step's result)."""
         self._stop_event.set()
         if self.is_alive():
             self.join()
-        self.flush()
+        return self.take_pending()
 
 
-def _run_claimed(claim: ClaimedStep, jobs: JobStore, settings: Settings) -> ChildResult:
+@dataclass
+class _Ran:
+    """A claimed step's outcome and the progress lines that go into the same record."""
+
+    result: ChildResult
+    progress: list[str]
+
+
+def _run_claimed(claim: ClaimedStep, jobs: JobStore, settings: Settings) -> _Ran:
     step = PlanStep.from_dict(claim.step)
     spec = CompileSpec.model_validate(claim.spec)
     started = time.monotonic()
@@ -155,15 +163,18 @@ def _run_claimed(claim: ClaimedStep, jobs: JobStore, settings: Settings) -> Chil
     keeper = _StepKeeper(jobs, claim, interval=min(settings.step_heartbeat_interval, 1.0))
     keeper.start()
     scratch: Path | None = None
+    result: ChildResult | None = None
     try:
         store = open_store(settings)
         hit = _cached_artifact(claim, step, spec, store, settings)
         if hit is not None:
             key, meta = hit
-            return ChildResult(ok=True, key=key, cached=True, seconds=time.monotonic() - started, meta=meta)
+            result = ChildResult(ok=True, key=key, cached=True, seconds=time.monotonic() - started, meta=meta)
+            return _Ran(result, keeper.stop())
         reused = _cached_publish(claim, step, spec, jobs, settings)
         if reused is not None:
-            return ChildResult(ok=True, cached=True, seconds=time.monotonic() - started, meta=reused)
+            result = ChildResult(ok=True, cached=True, seconds=time.monotonic() - started, meta=reused)
+            return _Ran(result, keeper.stop())
         scratch = Path(tempfile.mkdtemp(prefix="kiln-step-", dir=_scratch_root(settings)))
         req = StepRequest(
             job_id=claim.job_id,
@@ -178,8 +189,11 @@ def _run_claimed(claim: ClaimedStep, jobs: JobStore, settings: Settings) -> Chil
             calibration_filename=claim.calibration_filename,
             calibration_sha256=claim.calibration_sha256,
             use_cache=claim.use_cache,
+            source_format=claim.source_format,
+            source_sha256=claim.source_sha256,
+            source_seen=claim.source_seen,
         )
-        return run_in_child(
+        result = run_in_child(
             req,
             soft_limit=settings.step_soft_time_limit,
             hard_limit=settings.step_hard_time_limit,
@@ -187,10 +201,18 @@ def _run_claimed(claim: ClaimedStep, jobs: JobStore, settings: Settings) -> Chil
             tick=lambda: keeper.verdict,
             tick_interval=0.2,
         )
+        return _Ran(result, keeper.stop())
     finally:
-        keeper.stop()
+        if result is None:  # an error around the step: it is handed back, its progress kept if possible
+            pending = keeper.stop()
+            if pending:
+                try:
+                    jobs.progress(claim.job_id, claim.step_id, pending)
+                except Exception:
+                    log.warning("could not record progress of %s/%s", claim.job_id, claim.step_id, exc_info=True)
         if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
+            # Off the step's path: the next step of the chain need not wait for the removal.
+            threading.Thread(target=shutil.rmtree, args=(scratch,), kwargs={"ignore_errors": True}).start()
 
 
 def _scratch_root(settings: Settings) -> Path:
@@ -236,8 +258,10 @@ def _run_and_record(
 ) -> tuple[StepRun, ClaimedStep | None]:
     job_id, step_id = claim.job_id, claim.step_id
     t1 = time.perf_counter()
+    progress: list[str] = []
     try:
-        result = _run_claimed(claim, jobs, settings)
+        ran = _run_claimed(claim, jobs, settings)
+        result, progress = ran.result, ran.progress
     except KilnError as exc:  # e.g. the store is unreachable in a way that is the user's problem
         result = ChildResult(ok=False, error=exc.to_dict())
     except Exception:
@@ -273,15 +297,18 @@ def _run_and_record(
         log=result.log or None,
         continue_on=engines,
         worker=worker_name(),
+        progress=progress,
     )
     if advance is None:
         return StepRun(job_id, step_id, "lost"), None
+    t3 = time.perf_counter()
     enqueue_steps(celery_app, job_id, advance.queued)
     timings = {
         "claim": claim_ms,
         "run": (t2 - t1) * 1000,
         "step": result.seconds * 1000,
-        "record": (time.perf_counter() - t2) * 1000,
+        "record": (t3 - t2) * 1000,
+        "enqueue": (time.perf_counter() - t3) * 1000,
     }
     return StepRun(job_id, step_id, status, cached=result.cached, timings=timings), advance.claimed
 

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 
 from api.deps import CeleryDep, JobStoreDep, RegistryDep, SettingsDep, StoreDep, WriteAuth
 from api.schemas import ErrorPublic, JobAccepted
-from api.submission import accept_job, start_job
+from api.submission import submit_job
 from api.upload import receive_upload
 
 router = APIRouter(tags=["jobs"])
@@ -76,21 +76,19 @@ async def submit(
     """Stream the upload to the artifact store, plan it and queue it; 202 with the job id."""
     scratch = settings.cache_dir / "api"
     upload = await receive_upload(request, max_bytes=settings.max_upload_bytes, tmp_root=scratch / "uploads")
-    try:
-        request.app.state.metrics.upload_bytes.inc(upload.total_bytes)
-        job_id = await run_in_threadpool(
-            accept_job,
-            upload,
-            jobs=jobs,
-            store=store,
-            registry=registry,
-            use_cache=cache,
-            owner=principal.name,
-            scratch_root=scratch / "detect",
-        )
-    finally:
-        await run_in_threadpool(upload.cleanup)
-    await run_in_threadpool(start_job, jobs, celery, job_id)
+    request.app.state.metrics.upload_bytes.inc(upload.total_bytes)
+    # One trip to a worker thread for the blocking part: detect, plan, store, record, enqueue.
+    job_id = await run_in_threadpool(
+        submit_job,
+        upload,
+        jobs=jobs,
+        store=store,
+        registry=registry,
+        celery_app=celery,
+        use_cache=cache,
+        owner=principal.name,
+        scratch_root=scratch / "detect",
+    )
     request.app.state.metrics.jobs_submitted.inc()
     url = f"/jobs/{job_id}"
     body = JobAccepted(id=job_id, url=url, events_url=f"{url}/events")

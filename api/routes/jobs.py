@@ -7,8 +7,6 @@ import json
 import shutil
 import tarfile
 import tempfile
-import threading
-from collections import OrderedDict
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -18,6 +16,7 @@ from fastapi.responses import FileResponse, PlainTextResponse, Response, Streami
 from starlette.background import BackgroundTask
 
 from api.deps import JobStoreDep, ReadAuth, SettingsDep, StoreDep, WriteAuth
+from api.polling import CachedBody, JobBodies, JobVersions
 from api.schemas import ErrorPublic, JobPublic, JobsPublic, JobStatus
 from api.views import job_public
 from services.artifacts import DESCRIPTOR
@@ -29,7 +28,7 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 _404: dict[int | str, dict[str, Any]] = {404: {"model": ErrorPublic, "description": "NOT_FOUND"}}
 #: Seconds between polls of a job's version by an open SSE stream, and between keep-alives.
-SSE_POLL = 0.1
+SSE_POLL = 0.05
 SSE_KEEPALIVE = 15.0
 
 
@@ -48,58 +47,64 @@ def list_jobs(
     return JobsPublic(data=[job_public(j, store) for j in rows], count=count)
 
 
-class JobBodies:
-    """Serialized job views, keyed by job id, with the version (newest event id) they show.
+def _build_body(jobs: JobStore, store: Any, cache: JobBodies, job_id: str, version: int) -> CachedBody:
+    """Serialize the job's view and cache it under ``version``, read before the job itself.
 
-    Pipelines poll GET /jobs/{id}. A finished job (no step still being stopped) never
-    changes, so its body is served from here without touching the database; a running
-    job costs one indexed query for its version, and is rebuilt only when that moved.
+    So a body is never cached under a newer version than it shows (at worst it is rebuilt
+    once more).
     """
-
-    def __init__(self, size: int = 1024) -> None:
-        self.size = size
-        self._items: OrderedDict[str, tuple[int, bool, bytes]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, job_id: str) -> tuple[int, bool, bytes] | None:
-        with self._lock:
-            item = self._items.get(job_id)
-            if item is not None:
-                self._items.move_to_end(job_id)
-            return item
-
-    def put(self, job_id: str, version: int, final: bool, body: bytes) -> None:
-        with self._lock:
-            self._items[job_id] = (version, final, body)
-            self._items.move_to_end(job_id)
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
-
-
-def _job_body(jobs: JobStore, store: Any, cache: JobBodies, job_id: str) -> bytes:
-    # The version is read before the job, so a body is never cached under a newer version
-    # than it shows (at worst it is rebuilt once more).
-    version = jobs.job_version(job_id)
-    item = cache.get(job_id)
-    if item is not None and version is not None and item[0] == version:
-        return item[2]
-    job = jobs.get_job(job_id)  # NOT_FOUND for an unknown job
+    job = jobs.get_job(job_id)  # NOT_FOUND if it was deleted meanwhile
     # Serialized once here, not validated again by FastAPI: this is the hottest route.
     body = job_public(job, store).model_dump_json().encode()
     final = job.status in FINAL_JOB_STATES and not any(s.status in OPEN_STEP_STATES for s in job.steps)
-    cache.put(job_id, version or 0, final, body)
-    return body
+    item = CachedBody(version, final, body)
+    cache.put(job_id, item)
+    return item
 
 
-@router.get("/{job_id}", response_model=JobPublic, responses=_404, summary="Read a job")
+def _answer(item: CachedBody, if_none_match: str | None) -> Response:
+    headers = {"ETag": item.etag, "Cache-Control": "no-cache"}
+    if if_none_match is not None and item.etag in (t.strip() for t in if_none_match.split(",")):
+        return Response(status_code=304, headers=headers)
+    return Response(item.body, media_type="application/json", headers=headers)
+
+
+_IF_NONE_MATCH = {
+    "name": "If-None-Match",
+    "in": "header",
+    "required": False,
+    "schema": {"type": "string"},
+    "description": "The ETag of an earlier answer: 304 Not Modified while the job has not changed.",
+}
+
+
+# If-None-Match is read off the request, not declared as a Header parameter: FastAPI's
+# parameter machinery costs more than the rest of a cached answer. It is documented here.
+@router.get(
+    "/{job_id}",
+    response_model=JobPublic,
+    responses={**_404, 304: {"description": "Not Modified (If-None-Match matched the ETag)"}},
+    openapi_extra={"parameters": [_IF_NONE_MATCH]},
+    summary="Read a job",
+)
 async def get_job(job_id: str, request: Request, _: ReadAuth, jobs: JobStoreDep, store: StoreDep) -> Response:
-    """Return the job: status, plan, steps with timings and errors, per-target parity, benchmark and artifacts."""
-    cache: JobBodies = request.app.state.job_bodies
+    """Return the job: status, plan, steps with timings and errors, per-target parity, benchmark and artifacts.
+
+    The `ETag` is the job's version: send it back in `If-None-Match` to get `304 Not Modified`
+    while nothing changed.
+    """
+    state = request.app.state
+    cache: JobBodies = state.job_bodies
+    if_none_match = request.headers.get("if-none-match")
     item = cache.get(job_id)
-    if item is not None and item[1]:
-        return Response(item[2], media_type="application/json")
-    body = await run_in_threadpool(_job_body, jobs, store, cache, job_id)
-    return Response(body, media_type="application/json")
+    if item is not None and item.final:
+        return _answer(item, if_none_match)
+    seen = await state.job_versions.get(job_id)
+    if seen is None:
+        raise NotFound(f"no job {job_id}", hint="List jobs with GET /jobs.")
+    if item is None or item.version != seen.version:
+        item = await run_in_threadpool(_build_body, jobs, store, cache, job_id, seen.version)
+    return _answer(item, if_none_match)
 
 
 @router.delete("/{job_id}", response_model=JobPublic, responses=_404, status_code=202, summary="Cancel a job")
@@ -115,15 +120,18 @@ def _sse(event: JobEvent) -> str:
 
 
 async def _event_stream(request: Request, jobs: JobStore, job_id: str, after: int) -> Any:
+    versions: JobVersions = request.app.state.job_versions
     last = after
     idle = 0.0
-    polls = 0
     yield "retry: 2000\n\n"
     while True:
-        # The job's version (its newest event id) is one indexed query; events are read only
-        # when it moved, so a stream can poll often without loading the database.
-        version = await run_in_threadpool(jobs.job_version, job_id)
-        if version is not None and version > last:
+        # The job's version (its newest event id) comes from the shared version rounds: any
+        # number of open streams and pollers cost one query per round. Events are read only
+        # when it moved.
+        seen = await versions.get(job_id)
+        if seen is None:
+            return  # the job was deleted
+        if seen.version > last:
             for ev in await run_in_threadpool(jobs.events, job_id, last):
                 last = ev.id
                 yield _sse(ev)
@@ -131,9 +139,8 @@ async def _event_stream(request: Request, jobs: JobStore, job_id: str, after: in
                     return
             idle = 0.0
             continue
-        polls += 1
         # A client resuming after the job's `finished` event would wait forever: end then.
-        if polls % 10 == 1 and await run_in_threadpool(jobs.job_status, job_id) in FINAL_JOB_STATES:
+        if seen.status in FINAL_JOB_STATES:
             return
         if await request.is_disconnected():
             return

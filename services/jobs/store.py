@@ -7,7 +7,16 @@ The rules that keep a redelivered or duplicated message harmless:
 - a result is recorded only by the attempt that claimed the step (``attempt`` matches);
 - ``advance`` moves dependents ``pending → queued`` once, under a lock on the job row, and
   returns only the steps it moved, so only one caller enqueues each;
-- the job's final status is written once, by whichever ``advance`` sees no open step left.
+- the job's final status is written once, by whichever ``advance`` sees no open step left;
+- every transaction that changes a step's state or records a job's events holds the job's
+  row lock first (PostgreSQL; SQLite serialises all writers): the state it read stays true
+  until it commits, and a job's event ids are committed in increasing order, so its newest
+  event id is a version readers can trust and a follower reading "events after N" never
+  skips one committed late (only heartbeats, which change neither, go without it).
+
+The transactions on a step's path are kept to few round trips (under load each one waits
+for both processes to be scheduled): the job row is locked and loaded with its steps in one
+statement, and the changes go out in one flush at commit.
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import delete, func, select, update
-from sqlalchemy.orm import Session, selectinload, sessionmaker
+from sqlalchemy.orm import Session, contains_eager, defer, selectinload, sessionmaker
 
 from services.errors import Cancelled, KilnError, NotFound
 from services.graph.planner import Plan
@@ -39,16 +48,10 @@ from services.jobs.models import (
 )
 from services.pipeline.results import blocked_by, target_results
 
-__all__ = ["Advance", "ClaimedStep", "JobStore", "NewJob", "hash_token"]
+__all__ = ["Advance", "ClaimedStep", "JobStore", "JobVersion", "NewJob", "hash_token"]
 
 #: Scopes a token may carry; "write" implies "read", "admin" implies both.
 SCOPES = ("read", "write", "admin")
-
-
-def row_inputs(job: Job, step_id: str) -> list[str]:
-    """Return what the plan step ``step_id`` of ``job`` reads: step ids, or "source"."""
-    step = next(d for d in job.plan["steps"] if d["id"] == step_id)
-    return list(step["inputs"].values())
 
 
 def hash_token(token: str) -> str:
@@ -95,6 +98,16 @@ class ClaimedStep:
     calibration_filename: str | None
     use_cache: bool
     plan: dict[str, Any]
+    source_format: str = ""
+    source_seen: str = ""
+
+
+@dataclass(frozen=True)
+class JobVersion:
+    """A job's version (its newest event id) and status, as one read saw them."""
+
+    version: int
+    status: str
 
 
 @dataclass
@@ -156,51 +169,89 @@ class JobStore:
             raise NotFound(f"no job {job_id}", hint="List jobs with GET /jobs.")
         return job
 
+    def _lock_job_steps(self, s: Session, job_id: str) -> tuple[Job, dict[str, JobStep]]:
+        """Lock the job's row and load it with its steps (not their logs), in one statement.
+
+        The step rows are locked too: a locking read that had to wait returns the latest
+        committed version of every row it locks, where rows it merely joined would be the
+        ones its snapshot saw before the wait. ``jobs`` comes first in FROM, so its row is
+        locked before the steps', the order every writer follows.
+        """
+        q = (
+            select(JobStep)
+            .select_from(Job)
+            .join(JobStep, JobStep.job_id == Job.id)
+            .where(Job.id == job_id)
+            .options(contains_eager(JobStep.job), defer(JobStep.log))
+        )
+        if self._pg:
+            q = q.with_for_update(key_share=True)  # FOR NO KEY UPDATE: see _lock_job
+        rows = s.scalars(q).all()
+        if not rows:
+            raise NotFound(f"no job {job_id}", hint="List jobs with GET /jobs.")
+        return rows[0].job, {r.step_id: r for r in rows}
+
+    def _lock_job_row(self, s: Session, job_id: str) -> None:
+        """Take the job's row lock without loading it (PostgreSQL; SQLite writers are serial already)."""
+        if self._pg:
+            s.execute(select(Job.id).where(Job.id == job_id).with_for_update(key_share=True))
+
     # --- jobs -----------------------------------------------------------------------------
 
     def create_job(self, new: NewJob) -> str:
         """Record an accepted job with all its steps pending; return its id."""
+        with self.write() as s:
+            self._insert_job(s, new, utcnow())
+        return new.id
+
+    def submit_job(self, new: NewJob) -> Advance:
+        """Record an accepted job and queue its first steps in one transaction; return what to enqueue."""
         now = utcnow()
         with self.write() as s:
-            job = Job(
-                id=new.id,
-                status="queued",
-                name=new.name,
-                spec=new.spec,
-                plan=new.plan.to_dict(),
-                source_key=new.source_key,
-                source_sha256=new.source_sha256,
-                source_filename=new.source_filename,
-                source_format=new.source_format,
-                source_seen=new.source_seen,
-                source_size=new.source_size,
-                calibration_key=new.calibration_key,
-                calibration_sha256=new.calibration_sha256,
-                calibration_filename=new.calibration_filename,
-                use_cache=new.use_cache,
-                owner=new.owner,
-                created_at=now,
+            job, rows = self._insert_job(s, new, now)
+            return self._advance(s, job, rows, now)
+
+    def _insert_job(self, s: Session, new: NewJob, now: datetime) -> tuple[Job, dict[str, JobStep]]:
+        plan = new.plan.to_dict()
+        job = Job(
+            id=new.id,
+            status="queued",
+            name=new.name,
+            spec=new.spec,
+            plan=plan,
+            source_key=new.source_key,
+            source_sha256=new.source_sha256,
+            source_filename=new.source_filename,
+            source_format=new.source_format,
+            source_seen=new.source_seen,
+            source_size=new.source_size,
+            calibration_key=new.calibration_key,
+            calibration_sha256=new.calibration_sha256,
+            calibration_filename=new.calibration_filename,
+            use_cache=new.use_cache,
+            owner=new.owner,
+            created_at=now,
+        )
+        s.add(job)
+        rows = {}
+        for i, step in enumerate(new.plan.steps):
+            rows[step.id] = JobStep(
+                job_id=new.id,
+                step_id=step.id,
+                position=i,
+                kind=step.kind,
+                engine=step.engine,
+                queue=step.queue,
+                target=step.target,
+                status="pending",
+                attempt=0,
+                cached=False,
             )
-            s.add(job)
-            for i, step in enumerate(new.plan.steps):
-                s.add(
-                    JobStep(
-                        job_id=new.id,
-                        step_id=step.id,
-                        position=i,
-                        kind=step.kind,
-                        engine=step.engine,
-                        queue=step.queue,
-                        target=step.target,
-                        status="pending",
-                        attempt=0,
-                        cached=False,
-                    )
-                )
-            s.flush()
-            self.add_event(s, new.id, "submitted", filename=new.source_filename, sha256=new.source_sha256)
-            self.add_event(s, new.id, "planned", plan=new.plan.to_dict(), source=new.source_seen)
-        return new.id
+            s.add(rows[step.id])
+        s.flush()
+        self.add_event(s, new.id, "submitted", filename=new.source_filename, sha256=new.source_sha256)
+        self.add_event(s, new.id, "planned", plan=plan, source=new.source_seen)
+        return job, rows
 
     def get_job(self, job_id: str) -> Job:
         """Return the job with its steps loaded (detached); NOT_FOUND when unknown."""
@@ -290,6 +341,19 @@ class JobStore:
         with self._core_reader.connect() as conn:
             return conn.execute(select(func.max(JobEvent.id)).where(JobEvent.job_id == job_id)).scalar()
 
+    def job_versions(self, job_ids: Collection[str]) -> dict[str, JobVersion]:
+        """Return the version and status of each known job among ``job_ids`` (unknown ones are left out).
+
+        One statement for any number of jobs: the API answers all the polls waiting at a
+        moment with it. The newest event id is read per job from the (job_id, id) index.
+        """
+        if not job_ids:
+            return {}
+        newest = select(func.max(JobEvent.id)).where(JobEvent.job_id == Job.id).correlate(Job).scalar_subquery()
+        with self._core_reader.connect() as conn:
+            rows = conn.execute(select(Job.id, Job.status, newest).where(Job.id.in_(list(job_ids)))).all()
+        return {job_id: JobVersion(version or 0, status) for job_id, status, version in rows}
+
     def job_status(self, job_id: str) -> str:
         """Return only the job's status (cheap; the SSE loop polls it)."""
         with self._core_reader.connect() as conn:
@@ -306,27 +370,18 @@ class JobStore:
         cutoff = now - timedelta(seconds=stale_after)
         with self.write() as s:
             try:
-                job = self._lock_job(s, job_id)
+                job, rows = self._lock_job_steps(s, job_id)
             except NotFound:
                 return None  # a message for a job this store does not know (deleted, or another store's)
             if job.cancel_requested or job.status in FINAL_JOB_STATES:
                 return None
-            row = s.get(JobStep, (job_id, step_id))
+            row = rows.get(step_id)
             if row is None:
                 return None
             takeover = row.status == "running" and (row.heartbeat_at is None or row.heartbeat_at < cutoff)
             if row.status != "queued" and not takeover:
                 return None
-            deps = [d for d in row_inputs(job, step_id) if d != "source"]
-            inputs = (
-                {
-                    r.step_id: r
-                    for r in s.scalars(select(JobStep).where(JobStep.job_id == job_id, JobStep.step_id.in_(deps)))
-                }
-                if deps
-                else {}
-            )
-            return self._take(s, job, row, inputs, worker, now)
+            return self._take(s, job, row, rows, worker, now)
 
     def _take(
         self, s: Session, job: Job, row: JobStep, rows: dict[str, JobStep], worker: str, now: datetime
@@ -365,11 +420,18 @@ class JobStore:
             calibration_filename=job.calibration_filename,
             use_cache=job.use_cache,
             plan=plan,
+            source_format=job.source_format,
+            source_seen=job.source_seen,
         )
 
-    def heartbeat(self, job_id: str, step_id: str, attempt: int) -> tuple[bool, bool]:
-        """Refresh a running step's heartbeat; return (still ours, job cancelled)."""
+    def heartbeat(self, job_id: str, step_id: str, attempt: int, progress: Sequence[str] = ()) -> tuple[bool, bool]:
+        """Refresh a running step's heartbeat and record its ``progress``; return (still ours, job cancelled).
+
+        One transaction for both: a step reporting progress costs no extra commit.
+        """
         with self.write() as s:
+            if progress:
+                self._lock_job_row(s, job_id)
             res = s.execute(
                 update(JobStep)
                 .where(
@@ -380,14 +442,19 @@ class JobStore:
                 )
                 .values(heartbeat_at=utcnow())
             )
+            ours = res.rowcount == 1  # type: ignore[attr-defined]
+            if ours:
+                for m in progress:
+                    self.add_event(s, job_id, "progress", step_id, message=m)
             cancelled = bool(s.scalar(select(Job.cancel_requested).where(Job.id == job_id)))
-            return res.rowcount == 1, cancelled  # type: ignore[attr-defined]
+            return ours, cancelled
 
     def progress(self, job_id: str, step_id: str, messages: Sequence[str]) -> None:
         """Record progress messages of a running step."""
         if not messages:
             return
         with self.write() as s:
+            self._lock_job_row(s, job_id)
             for m in messages:
                 self.add_event(s, job_id, "progress", step_id, message=m)
 
@@ -406,6 +473,7 @@ class JobStore:
         log: str | None = None,
         continue_on: Collection[str] = (),
         worker: str = "",
+        progress: Sequence[str] = (),
     ) -> Advance | None:
         """Record how a claimed step ended and advance the job, in one transaction.
 
@@ -413,45 +481,32 @@ class JobStore:
         longer owns the step (it was taken over or cancelled): nothing is recorded then.
         With ``continue_on`` (the engines the finishing worker serves), one newly ready step
         on those engines is claimed for ``worker`` in the same transaction instead of being
-        queued: the chain goes on without a round trip through the broker.
+        queued: the chain goes on without a round trip through the broker. ``progress``:
+        the step's last progress messages not yet recorded, written before its result.
         """
         now = utcnow()
         with self.write() as s:
-            job = self._lock_job(s, job_id)
-            res = s.execute(
-                update(JobStep)
-                .where(
-                    JobStep.job_id == job_id,
-                    JobStep.step_id == step_id,
-                    JobStep.attempt == attempt,
-                    JobStep.status == "running",
-                )
-                .values(
-                    status=status,
-                    finished_at=now,
-                    heartbeat_at=now,
-                    seconds=seconds,
-                    artifact_key=artifact_key,
-                    cached=cached,
-                    meta=meta,
-                    error=error,
-                    log=log,
-                )
-            )
-            if res.rowcount != 1:  # type: ignore[attr-defined]
+            job, rows = self._lock_job_steps(s, job_id)
+            row = rows.get(step_id)
+            # Under the job's lock nothing else moves the step: checked here, true at commit.
+            if row is None or row.attempt != attempt or row.status != "running":
                 return None
+            row.status, row.finished_at, row.heartbeat_at, row.seconds = status, now, now, seconds
+            row.artifact_key, row.cached, row.meta, row.error, row.log = artifact_key, cached, meta, error, log
+            for m in progress:
+                self.add_event(s, job_id, "progress", step_id, message=m)
             if status == "succeeded":
                 self.add_event(s, job_id, "step_finished", step_id, seconds=round(seconds, 3), cached=cached)
             elif status == "cancelled":
                 self.add_event(s, job_id, "step_cancelled", step_id)
             else:
                 self.add_event(s, job_id, "step_failed", step_id, error=error)
-            s.flush()
-            return self._advance(s, job, now, continue_on=continue_on, worker=worker)
+            return self._advance(s, job, rows, now, continue_on=continue_on, worker=worker)
 
     def release_step(self, job_id: str, step_id: str, attempt: int, reason: str) -> bool:
         """Give a claimed step back to its queue (a transient failure; the task will be retried)."""
         with self.write() as s:
+            self._lock_job_row(s, job_id)
             res = s.execute(
                 update(JobStep)
                 .where(
@@ -470,16 +525,24 @@ class JobStore:
     def advance(self, job_id: str) -> Advance:
         """Queue steps whose inputs are done, skip those whose inputs failed, and end the job when nothing is open."""
         with self.write() as s:
-            return self._advance(s, self._lock_job(s, job_id), utcnow())
+            job, rows = self._lock_job_steps(s, job_id)
+            return self._advance(s, job, rows, utcnow())
 
     def _advance(
-        self, s: Session, job: Job, now: datetime, *, continue_on: Collection[str] = (), worker: str = ""
+        self,
+        s: Session,
+        job: Job,
+        rows: dict[str, JobStep],
+        now: datetime,
+        *,
+        continue_on: Collection[str] = (),
+        worker: str = "",
     ) -> Advance:
+        """Move the job on from the state of its step ``rows`` (loaded under its lock)."""
         job_id = job.id
         if job.status in FINAL_JOB_STATES:
             return Advance(queued=[])
         plan = Plan.from_dict(job.plan)
-        rows = {r.step_id: r for r in s.scalars(select(JobStep).where(JobStep.job_id == job_id)).all()}
         failed: dict[str, dict[str, Any]] = {
             sid: (r.error or {"code": "INTERNAL", "message": f"step {sid} {r.status}"})
             for sid, r in rows.items()
@@ -534,32 +597,38 @@ class JobStore:
         now = utcnow()
         stale_cut = now - timedelta(seconds=stale_after)
         lost_cut = now - timedelta(seconds=lost_after)
-        out: list[tuple[str, str, str]] = []
-        with self.write() as s:
-            q = (
-                select(JobStep)
+        overdue = (JobStep.status == "running") & (JobStep.heartbeat_at < stale_cut) | (JobStep.status == "queued") & (
+            JobStep.queued_at < lost_cut
+        )
+        with self.read() as s:  # usually finds nothing: one indexed read, no lock
+            found = s.execute(
+                select(JobStep.job_id)
                 .join(Job, Job.id == JobStep.job_id)
-                .where(
-                    Job.status.in_(("queued", "running")),
-                    (
-                        (JobStep.status == "running") & (JobStep.heartbeat_at < stale_cut)
-                        | (JobStep.status == "queued") & (JobStep.queued_at < lost_cut)
-                    ),
-                )
+                .where(Job.status.in_(("queued", "running")), overdue)
+                .distinct()
                 .limit(200)
-            )
-            if self._pg:
-                q = q.with_for_update(of=JobStep, skip_locked=True)
-            for row in s.scalars(q).all():
-                if row.status == "running":
-                    self.add_event(
-                        s, row.job_id, "step_requeued", row.step_id, reason=f"worker {row.worker} stopped heartbeating"
-                    )
-                    row.worker = None
-                else:
-                    self.add_event(s, row.job_id, "step_reannounced", row.step_id)
-                row.status, row.queued_at = "queued", now
-                out.append((row.job_id, row.step_id, row.engine))
+            ).all()
+        out: list[tuple[str, str, str]] = []
+        for (job_id,) in found:
+            # Per job, under its row lock like every other writer of its steps and events
+            # (job, then steps: one lock order, no deadlock); a job busy in another
+            # transaction is left for the next sweep.
+            with self.write() as s:
+                q = select(Job.status).where(Job.id == job_id)
+                if self._pg:
+                    q = q.with_for_update(key_share=True, skip_locked=True)
+                if s.scalar(q) not in ("queued", "running"):
+                    continue
+                for row in s.scalars(select(JobStep).where(JobStep.job_id == job_id, overdue)).all():
+                    if row.status == "running":
+                        self.add_event(
+                            s, job_id, "step_requeued", row.step_id, reason=f"worker {row.worker} stopped heartbeating"
+                        )
+                        row.worker = None
+                    else:
+                        self.add_event(s, job_id, "step_reannounced", row.step_id)
+                    row.status, row.queued_at = "queued", now
+                    out.append((job_id, row.step_id, row.engine))
         return out
 
     def previous_publish(self, name: str, input_key: str, source_sha256: str) -> dict[str, Any] | None:
