@@ -92,3 +92,31 @@ def test_concurrent_polls_share_version_reads_and_each_gets_its_own_job(client: 
     assert answers[-1].status_code == 404 and answers[-1].json()["code"] == "NOT_FOUND"
     # 31 requests that were waiting together: a handful of queries, not one per request.
     assert 1 <= rounds <= 5, rounds
+
+
+def test_open_event_streams_poll_together(client: TestClient, settings: Settings, cnn_onnx: Path) -> None:
+    ids = [_submit(client, cnn_onnx) for _ in range(3)]
+    app: Any = client.app
+    versions = app.state.job_versions
+    jobs = JobStore(database_url(settings))
+
+    async def follow_then_cancel() -> list[str]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://kiln", timeout=30) as ac:
+            streams = []
+            for i in range(6):  # opened at different moments, as clients do
+                streams.append(asyncio.create_task(ac.get(f"/jobs/{ids[i % 3]}/events")))
+                await asyncio.sleep(0.008)
+            await asyncio.sleep(0.6)  # six streams idle on three queued jobs
+            for job_id in ids:
+                await asyncio.to_thread(jobs.cancel_job, job_id)
+            return [r.text for r in await asyncio.gather(*streams)]
+
+    before = versions.rounds
+    texts = asyncio.run(follow_then_cancel())
+    rounds = versions.rounds - before
+    for text in texts:  # each stream saw its job end
+        assert '"type": "finished"' in text and '"status": "cancelled"' in text
+    # The streams poll on shared ticks (every 50 ms): about one round per tick for all six
+    # (~25 here, first reads included), where six streams on their own clocks need ~60.
+    assert rounds <= 40, rounds

@@ -495,6 +495,27 @@ def run_in_child(
     log_path = req.scratch / "step.log"
     started = time.monotonic()
     child = _start(req, log_path)
+    try:
+        return _supervise(child, req, log_path, started, soft_limit, hard_limit, on_progress, tick, tick_interval)
+    except BaseException:
+        # Interrupted here (worker shutdown, a bug): the step has no one to report to any more.
+        child.proc.kill()
+        child.discard()
+        raise
+
+
+def _supervise(
+    child: _StepChild,
+    req: StepRequest,
+    log_path: Path,
+    started: float,
+    soft_limit: float,
+    hard_limit: float,
+    on_progress: Callable[[str], None] | None,
+    tick: Callable[[], str | None] | None,
+    tick_interval: float,
+) -> ChildResult:
+    """Wait for the child running ``req``: relay progress, enforce limits, and turn how it ended into a result."""
     proc, conn = child.proc, child.conn
     payload: dict[str, Any] | None = None
     stop_reason: str | None = None  # cancel | lost | timeout

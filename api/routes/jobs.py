@@ -144,7 +144,9 @@ async def _event_stream(request: Request, jobs: JobStore, job_id: str, after: in
             return
         if await request.is_disconnected():
             return
-        await asyncio.sleep(SSE_POLL)
+        # Every stream wakes on the same ticks of the loop's clock, so the polls of all open
+        # streams fall into one version round: one query per tick, however many streams.
+        await asyncio.sleep(SSE_POLL - asyncio.get_running_loop().time() % SSE_POLL)
         idle += SSE_POLL
         if idle >= SSE_KEEPALIVE:
             idle = 0.0
