@@ -414,7 +414,7 @@ def _poll_targets(base: str, model: Path) -> list[tuple[str, str, dict[str, str]
         if not any(st["status"] == "running" for st in steps) and any(st["status"] == "queued" for st in steps):
             break
         time.sleep(0.2)
-    out = [
+    out: list[tuple[str, str, dict[str, str]]] = [
         ("finished (7 steps)", f"{base}/jobs/{finished}", {}),
         ("running (5 steps)", f"{base}/jobs/{running}", {}),
     ]
