@@ -262,6 +262,21 @@ def ok_step(ctx: Any) -> Any:
     return Artifact(root=ctx.out_dir, kind="onnx", entry="out.txt", meta={"answer": 42})
 
 
+def untidy_step(ctx: Any) -> Any:
+    """Works, but leaves the process changed: an environment variable, the working directory."""
+    os.environ["KILN_TEST_LEFTOVER"] = "1"
+    os.chdir("/")
+    return ok_step(ctx)
+
+
+def probe_step(ctx: Any) -> Any:
+    """Records what the process looks like: the leftover variable (or "-") and the working directory."""
+    from services.artifacts import Artifact
+
+    (ctx.out_dir / "out.txt").write_text(f"{os.environ.get('KILN_TEST_LEFTOVER', '-')} {os.getcwd()}")
+    return Artifact(root=ctx.out_dir, kind="onnx", entry="out.txt")
+
+
 def segfault_step(ctx: Any) -> Any:
     import ctypes
 

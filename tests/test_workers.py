@@ -145,6 +145,24 @@ def test_a_child_that_succeeded_serves_the_next_step_with_its_own_log(env: dict[
     assert second.log.count("tool output line") == 1  # each step's output is its own
 
 
+def _observe(env: dict[str, Any], entry: str, name: str) -> tuple[Any, str]:
+    """Run ``entry`` under its own cache key; return the result and what its out.txt says."""
+    req = _request(env, f"jobs_support:{entry}", name)
+    req.step["options"] = {"run": name}  # outputs are content-addressed: keep each run's own
+    res = run_in_child(req, soft_limit=60, hard_limit=90)
+    assert res.ok, res.error
+    return res, (env["store"].local_path(res.key) / "out.txt").read_text()
+
+
+def test_a_reused_child_starts_each_step_from_its_own_environment(env: dict[str, Any]) -> None:
+    _, before = _observe(env, "probe_step", "probe-before")
+    untidy, _ = _observe(env, "untidy_step", "untidy")
+    probe, after = _observe(env, "probe_step", "probe-after")
+    assert probe.pid == untidy.pid  # the same process ran both ...
+    # ... yet the second saw neither the variable nor the directory the first one left.
+    assert after == before and after.startswith("- ") and not after.endswith(" /")
+
+
 def test_a_failed_step_takes_its_child_with_it(env: dict[str, Any]) -> None:
     ok = _run(env, "ok_step", "before-raise")
     failed = _run(env, "raising_step", "raise-retires")
