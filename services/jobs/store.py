@@ -16,14 +16,17 @@ The rules that keep a redelivered or duplicated message harmless:
 
 The transactions on a step's path are kept to few round trips (under load each one waits
 for both processes to be scheduled): the job row is locked and loaded with its steps in one
-statement, and the changes go out in one flush at commit.
+statement, and the changes go out in one flush at commit. A job's plan and spec never change
+after it is recorded, so each process reads them once per job and keeps them.
 """
 
 from __future__ import annotations
 
 import hashlib
 import secrets
+import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -103,6 +106,21 @@ class ClaimedStep:
 
 
 @dataclass(frozen=True)
+class _JobPlan:
+    """A job's plan and spec: written once with the job, so cached per process (read-only)."""
+
+    plan: Plan
+    plan_dict: dict[str, Any]
+    spec: dict[str, Any]
+    steps: dict[str, dict[str, Any]]  # step id -> its entry in plan_dict
+
+    @classmethod
+    def of(cls, plan_dict: dict[str, Any], spec: dict[str, Any]) -> _JobPlan:
+        steps = {d["id"]: d for d in plan_dict["steps"]}
+        return cls(Plan.from_dict(plan_dict), plan_dict, spec, steps)
+
+
+@dataclass(frozen=True)
 class JobVersion:
     """A job's version (its newest event id) and status, as one read saw them."""
 
@@ -134,6 +152,22 @@ class JobStore:
         self._core_reader = reader  # single-statement reads skip the ORM session entirely
         self._writer = sessionmaker(self.engine.execution_options(**{IMMEDIATE: True}), expire_on_commit=False)
         self._pg = self.engine.dialect.name == "postgresql"
+        self._plans: OrderedDict[str, _JobPlan] = OrderedDict()
+        self._plans_lock = threading.Lock()
+
+    def _known_plan(self, job_id: str) -> _JobPlan | None:
+        with self._plans_lock:
+            known = self._plans.get(job_id)
+            if known is not None:
+                self._plans.move_to_end(job_id)
+            return known
+
+    def _remember_plan(self, job_id: str, known: _JobPlan) -> _JobPlan:
+        with self._plans_lock:
+            self._plans[job_id] = known
+            while len(self._plans) > 512:
+                self._plans.popitem(last=False)
+        return known
 
     # --- sessions -------------------------------------------------------------------------
 
@@ -169,27 +203,36 @@ class JobStore:
             raise NotFound(f"no job {job_id}", hint="List jobs with GET /jobs.")
         return job
 
-    def _lock_job_steps(self, s: Session, job_id: str) -> tuple[Job, dict[str, JobStep]]:
+    def _lock_job_steps(self, s: Session, job_id: str) -> tuple[Job, dict[str, JobStep], _JobPlan]:
         """Lock the job's row and load it with its steps (not their logs), in one statement.
 
         The step rows are locked too: a locking read that had to wait returns the latest
         committed version of every row it locks, where rows it merely joined would be the
         ones its snapshot saw before the wait. ``jobs`` comes first in FROM, so its row is
-        locked before the steps', the order every writer follows.
+        locked before the steps', the order every writer follows. The plan and spec come
+        along only the first time (they would be decoded once per step row): use the
+        returned _JobPlan, never ``job.plan``/``job.spec``.
         """
+        known = self._known_plan(job_id)
+        eager = contains_eager(JobStep.job)
+        if known is not None:
+            eager = eager.defer(Job.plan).defer(Job.spec)
         q = (
             select(JobStep)
             .select_from(Job)
             .join(JobStep, JobStep.job_id == Job.id)
             .where(Job.id == job_id)
-            .options(contains_eager(JobStep.job), defer(JobStep.log))
+            .options(eager, defer(JobStep.log))
         )
         if self._pg:
             q = q.with_for_update(key_share=True)  # FOR NO KEY UPDATE: see _lock_job
         rows = s.scalars(q).all()
         if not rows:
             raise NotFound(f"no job {job_id}", hint="List jobs with GET /jobs.")
-        return rows[0].job, {r.step_id: r for r in rows}
+        job = rows[0].job
+        if known is None:
+            known = self._remember_plan(job_id, _JobPlan.of(job.plan, job.spec))
+        return job, {r.step_id: r for r in rows}, known
 
     def _lock_job_row(self, s: Session, job_id: str) -> None:
         """Take the job's row lock without loading it (PostgreSQL; SQLite writers are serial already)."""
@@ -209,7 +252,7 @@ class JobStore:
         now = utcnow()
         with self.write() as s:
             job, rows = self._insert_job(s, new, now)
-            return self._advance(s, job, rows, now)
+            return self._advance(s, job, rows, _JobPlan.of(job.plan, job.spec), now)
 
     def _insert_job(self, s: Session, new: NewJob, now: datetime) -> tuple[Job, dict[str, JobStep]]:
         plan = new.plan.to_dict()
@@ -370,7 +413,7 @@ class JobStore:
         cutoff = now - timedelta(seconds=stale_after)
         with self.write() as s:
             try:
-                job, rows = self._lock_job_steps(s, job_id)
+                job, rows, known = self._lock_job_steps(s, job_id)
             except NotFound:
                 return None  # a message for a job this store does not know (deleted, or another store's)
             if job.cancel_requested or job.status in FINAL_JOB_STATES:
@@ -381,14 +424,20 @@ class JobStore:
             takeover = row.status == "running" and (row.heartbeat_at is None or row.heartbeat_at < cutoff)
             if row.status != "queued" and not takeover:
                 return None
-            return self._take(s, job, row, rows, worker, now)
+            return self._take(s, job, known, row, rows, worker, now)
 
     def _take(
-        self, s: Session, job: Job, row: JobStep, rows: dict[str, JobStep], worker: str, now: datetime
+        self,
+        s: Session,
+        job: Job,
+        known: _JobPlan,
+        row: JobStep,
+        rows: dict[str, JobStep],
+        worker: str,
+        now: datetime,
     ) -> ClaimedStep | None:
         """Mark ``row`` running for ``worker``; ``rows`` holds (at least) the steps feeding it."""
-        plan = job.plan
-        step = next(d for d in plan["steps"] if d["id"] == row.step_id)
+        step = known.steps[row.step_id]
         keys: dict[str, str] = {}
         for role, dep in step["inputs"].items():
             if dep == "source":
@@ -410,7 +459,7 @@ class JobStore:
             step_id=row.step_id,
             attempt=row.attempt,
             step=step,
-            spec=job.spec,
+            spec=known.spec,
             input_keys=keys,
             source_key=job.source_key,
             source_sha256=job.source_sha256,
@@ -419,7 +468,7 @@ class JobStore:
             calibration_sha256=job.calibration_sha256,
             calibration_filename=job.calibration_filename,
             use_cache=job.use_cache,
-            plan=plan,
+            plan=known.plan_dict,
             source_format=job.source_format,
             source_seen=job.source_seen,
         )
@@ -486,7 +535,7 @@ class JobStore:
         """
         now = utcnow()
         with self.write() as s:
-            job, rows = self._lock_job_steps(s, job_id)
+            job, rows, known = self._lock_job_steps(s, job_id)
             row = rows.get(step_id)
             # Under the job's lock nothing else moves the step: checked here, true at commit.
             if row is None or row.attempt != attempt or row.status != "running":
@@ -501,7 +550,7 @@ class JobStore:
                 self.add_event(s, job_id, "step_cancelled", step_id)
             else:
                 self.add_event(s, job_id, "step_failed", step_id, error=error)
-            return self._advance(s, job, rows, now, continue_on=continue_on, worker=worker)
+            return self._advance(s, job, rows, known, now, continue_on=continue_on, worker=worker)
 
     def release_step(self, job_id: str, step_id: str, attempt: int, reason: str) -> bool:
         """Give a claimed step back to its queue (a transient failure; the task will be retried)."""
@@ -525,14 +574,15 @@ class JobStore:
     def advance(self, job_id: str) -> Advance:
         """Queue steps whose inputs are done, skip those whose inputs failed, and end the job when nothing is open."""
         with self.write() as s:
-            job, rows = self._lock_job_steps(s, job_id)
-            return self._advance(s, job, rows, utcnow())
+            job, rows, known = self._lock_job_steps(s, job_id)
+            return self._advance(s, job, rows, known, utcnow())
 
     def _advance(
         self,
         s: Session,
         job: Job,
         rows: dict[str, JobStep],
+        known: _JobPlan,
         now: datetime,
         *,
         continue_on: Collection[str] = (),
@@ -542,7 +592,7 @@ class JobStore:
         job_id = job.id
         if job.status in FINAL_JOB_STATES:
             return Advance(queued=[])
-        plan = Plan.from_dict(job.plan)
+        plan = known.plan
         failed: dict[str, dict[str, Any]] = {
             sid: (r.error or {"code": "INTERNAL", "message": f"step {sid} {r.status}"})
             for sid, r in rows.items()
@@ -566,7 +616,7 @@ class JobStore:
         claimed = None
         for step_id, engine in queued:
             if engine in continue_on:
-                claimed = self._take(s, job, rows[step_id], rows, worker, now)
+                claimed = self._take(s, job, known, rows[step_id], rows, worker, now)
                 if claimed is not None:
                     queued.remove((step_id, engine))
                     break
@@ -727,6 +777,8 @@ class JobStore:
 
     def delete_job(self, job_id: str) -> None:
         """Remove a job and its steps and events (tests and retention)."""
+        with self._plans_lock:
+            self._plans.pop(job_id, None)
         with self.write() as s:
             s.execute(delete(JobEvent).where(JobEvent.job_id == job_id))
             s.execute(delete(JobStep).where(JobStep.job_id == job_id))
