@@ -24,8 +24,8 @@ test: setup
 	$(BIN)/python -m pytest
 
 lint: setup
-	$(BIN)/ruff check api services workers cli tests
-	$(BIN)/ruff format --check api services workers cli tests
+	$(BIN)/ruff check api services workers cli tests benchmarks docker
+	$(BIN)/ruff format --check api services workers cli tests benchmarks docker
 
 lock: setup
 	$(BIN)/pip freeze --exclude-editable | grep -v '^kiln' > constraints.txt.new && mv constraints.txt.new constraints.txt

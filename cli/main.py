@@ -74,8 +74,13 @@ def main() -> None:
 
 
 def _build_spec(
-    spec_file: Path | None, targets: tuple[str, ...], precision: str | None, name: str | None, calibration: Path | None,
-    version: int | None, no_benchmark: bool,
+    spec_file: Path | None,
+    targets: tuple[str, ...],
+    precision: str | None,
+    name: str | None,
+    calibration: Path | None,
+    version: int | None,
+    no_benchmark: bool,
 ) -> Any:
     from services.spec import load_spec
 
@@ -135,7 +140,9 @@ def _summary_table(result: Any) -> Table:
     for col in ("target", "status", "route", "parity", "p50 latency", "artifact"):
         table.add_column(col, overflow="fold")
     for t in result.targets.values():
-        status = "[green]succeeded[/]" if t.status == "succeeded" else f"[red]{t.error['code'] if t.error else t.status}[/]"
+        status = (
+            "[green]succeeded[/]" if t.status == "succeeded" else f"[red]{t.error['code'] if t.error else t.status}[/]"
+        )
         latency = "-"
         if t.benchmark:
             b = t.benchmark[0]
@@ -147,14 +154,25 @@ def _summary_table(result: Any) -> Table:
 
 @main.command("compile")
 @click.argument("model", type=click.Path(exists=True, path_type=Path))
-@click.option("--target", "-t", "targets", multiple=True, help="onnxruntime, openvino, tflite, tfserving, tensorrt (repeatable).")
+@click.option(
+    "--target", "-t", "targets", multiple=True, help="onnxruntime, openvino, tflite, tfserving, tensorrt (repeatable)."
+)
 @click.option("--precision", "-p", type=click.Choice(["fp32", "fp16", "int8"]), help="Artifact precision.")
 @click.option("--repo", type=click.Path(file_okay=False, path_type=Path), help="Model repository directory.")
 @click.option("--name", help="Published model name (default: the file's name).")
 @click.option("--version", "model_version", type=int, help="Published version (default: next free).")
-@click.option("--calibration", type=click.Path(exists=True, dir_okay=False, path_type=Path), help=".npz keyed by input name.")
-@click.option("--spec", "spec_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="CompileSpec JSON; flags override it.")
-@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), help="Artifact cache (default ~/.cache/kiln).")
+@click.option(
+    "--calibration", type=click.Path(exists=True, dir_okay=False, path_type=Path), help=".npz keyed by input name."
+)
+@click.option(
+    "--spec",
+    "spec_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="CompileSpec JSON; flags override it.",
+)
+@click.option(
+    "--cache-dir", type=click.Path(file_okay=False, path_type=Path), help="Artifact cache (default ~/.cache/kiln)."
+)
 @click.option("--no-cache", is_flag=True, help="Run every step even when its output is cached.")
 @click.option("--no-benchmark", is_flag=True, help="Skip latency measurement.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
@@ -265,7 +283,14 @@ def routes_cmd(as_json: bool) -> None:
     if as_json:
         body = {
             "converters": [
-                {"name": c.name, "from": c.source.value, "to": c.target.value, "engine": c.engine, "cost": c.cost, "tool": c.tool}
+                {
+                    "name": c.name,
+                    "from": c.source.value,
+                    "to": c.target.value,
+                    "engine": c.engine,
+                    "cost": c.cost,
+                    "tool": c.tool,
+                }
                 for c in reg.converters
             ],
             "exporters": [

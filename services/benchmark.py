@@ -45,7 +45,9 @@ def _feeds_for_batch(runner: ModelRunner, spec: CompileSpec, batch: int) -> dict
     return feeds
 
 
-def benchmark_runner(runner: ModelRunner, spec: CompileSpec, settings: BenchmarkSpec | None = None) -> list[BenchmarkResult]:
+def benchmark_runner(
+    runner: ModelRunner, spec: CompileSpec, settings: BenchmarkSpec | None = None
+) -> list[BenchmarkResult]:
     """Time ``runner`` at each batch size in the settings; fixed-batch models run their own size."""
     settings = settings or spec.bench
     results = []

@@ -60,7 +60,9 @@ class InputSpec(_Strict):
         default=None,
         description="Concrete shape used for validation, benchmarks and static engines; -1 keeps an axis dynamic.",
     )
-    min: list[Annotated[int, Field(ge=1)]] | None = Field(default=None, description="Smallest shape (TensorRT profile).")
+    min: list[Annotated[int, Field(ge=1)]] | None = Field(
+        default=None, description="Smallest shape (TensorRT profile)."
+    )
     opt: list[Annotated[int, Field(ge=1)]] | None = Field(default=None, description="Shape to optimise for.")
     max: list[Annotated[int, Field(ge=1)]] | None = Field(default=None, description="Largest shape (TensorRT profile).")
     dtype: str | None = Field(default=None, description="Override the input's dtype, e.g. float32, int64.")

@@ -13,7 +13,9 @@ import pytest
 KILN = str(Path(sys.executable).parent / "kiln")
 
 
-def run(*args: str, cwd: Path | None = None, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run(
+    *args: str, cwd: Path | None = None, env_extra: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "200", **(env_extra or {})}
     return subprocess.run([KILN, *args], capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
 
@@ -21,8 +23,20 @@ def run(*args: str, cwd: Path | None = None, env_extra: dict[str, str] | None = 
 def test_compile_onnxruntime_and_openvino(cnn_onnx: Path, tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     proc = run(
-        "compile", str(cnn_onnx), "--target", "onnxruntime", "--target", "openvino", "--precision", "fp16",
-        "--repo", str(repo), "--name", "cnn", "--cache-dir", str(tmp_path / "cache"),
+        "compile",
+        str(cnn_onnx),
+        "--target",
+        "onnxruntime",
+        "--target",
+        "openvino",
+        "--precision",
+        "fp16",
+        "--repo",
+        str(repo),
+        "--name",
+        "cnn",
+        "--cache-dir",
+        str(tmp_path / "cache"),
     )
     assert proc.returncode == 0, proc.stderr
     assert "succeeded" in proc.stdout and "Traceback" not in proc.stderr
@@ -43,7 +57,9 @@ def test_compile_onnxruntime_and_openvino(cnn_onnx: Path, tmp_path: Path) -> Non
 def test_corrupt_model_fails_cleanly(content: bytes, code: str, tmp_path: Path) -> None:
     model = tmp_path / "model.onnx"
     model.write_bytes(content)
-    proc = run("compile", str(model), "-t", "onnxruntime", "--repo", str(tmp_path / "repo"), "--cache-dir", str(tmp_path / "c"))
+    proc = run(
+        "compile", str(model), "-t", "onnxruntime", "--repo", str(tmp_path / "repo"), "--cache-dir", str(tmp_path / "c")
+    )
     assert proc.returncode == 2
     assert code in proc.stderr
     assert "hint" in proc.stderr
@@ -54,7 +70,9 @@ def test_corrupt_model_fails_cleanly(content: bytes, code: str, tmp_path: Path) 
 def test_truncated_onnx(cnn_onnx: Path, tmp_path: Path) -> None:
     model = tmp_path / "t.onnx"
     model.write_bytes(cnn_onnx.read_bytes()[:3000])
-    proc = run("compile", str(model), "-t", "onnxruntime", "--repo", str(tmp_path / "repo"), "--cache-dir", str(tmp_path / "c"))
+    proc = run(
+        "compile", str(model), "-t", "onnxruntime", "--repo", str(tmp_path / "repo"), "--cache-dir", str(tmp_path / "c")
+    )
     assert proc.returncode == 2, proc.stderr
     assert "SOURCE_UNREADABLE" in proc.stderr and "Traceback" not in proc.stderr
 

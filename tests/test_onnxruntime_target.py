@@ -15,8 +15,15 @@ from services.spec import DEFAULT_TOLERANCES, Precision, load_spec
 
 
 def _compile(model: Path, store, repository, precision: str, **extra):
-    spec = load_spec({"targets": ["onnxruntime"], "precision": precision, "name": "m",
-                      "benchmark": {"iterations": 5, "warmup": 1}, **extra})
+    spec = load_spec(
+        {
+            "targets": ["onnxruntime"],
+            "precision": precision,
+            "name": "m",
+            "benchmark": {"iterations": 5, "warmup": 1},
+            **extra,
+        }
+    )
     return compile_model(model, spec, store=store, repository=repository)
 
 
@@ -61,7 +68,9 @@ def test_onnxruntime_precisions(model_fixture: str, precision: str, request, sto
         assert "generated samples" in manifest["engine_details"]["int8"]["calibration_data"]
 
 
-def test_int8_with_calibration_file_and_cache(cnn_onnx: Path, tmp_path: Path, store, repository, repo_dir: Path) -> None:
+def test_int8_with_calibration_file_and_cache(
+    cnn_onnx: Path, tmp_path: Path, store, repository, repo_dir: Path
+) -> None:
     calib = tmp_path / "calib.npz"
     np.savez(calib, input=np.random.default_rng(1).standard_normal((12, 3, 32, 32)).astype(np.float32))
     first = _compile(cnn_onnx, store, repository, "int8", calibration=str(calib))

@@ -147,7 +147,9 @@ def test_int8_with_calibration_file(cnn_onnx: Path, tmp_path: Path, store, repos
     )
     target = result.targets["openvino"]
     assert target.status == "succeeded", target.error
-    assert target.parity["inputs_from"] == "calibration" and target.parity["samples"] == 3  # rows 3, 7, 11 held out for parity
+    assert (
+        target.parity["inputs_from"] == "calibration" and target.parity["samples"] == 3
+    )  # rows 3, 7, 11 held out for parity
     manifest = json.loads((repo_dir / "m" / "1" / "kiln-manifest.json").read_text())
     assert manifest["engine_details"]["int8"]["calibration_data"] == "calibration file"
     assert manifest["engine_details"]["int8"]["subset_size"] == 9  # the other 9 rows calibrate

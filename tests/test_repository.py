@@ -113,7 +113,9 @@ def test_concurrent_publishers_get_distinct_versions(tmp_path: Path) -> None:
     got: list[int] = []
 
     def worker() -> None:
-        got.append(publish_version(LocalModelRepository(tmp_path / "repo"), art, name="m", version=None, manifest={}).version)
+        got.append(
+            publish_version(LocalModelRepository(tmp_path / "repo"), art, name="m", version=None, manifest={}).version
+        )
 
     threads = [threading.Thread(target=worker) for _ in range(6)]
     for t in threads:

@@ -201,4 +201,3 @@ def open_source(path: Path, work_dir: Path, override: Format | None = None) -> D
                 hint="Upload the .xml and .bin together, in a directory or archive.",
             )
     return DetectedSource(format=fmt, path=loadable, seen=seen, sha256=digest)
-

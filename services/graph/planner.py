@@ -79,7 +79,9 @@ class PlanStep:
     @property
     def depends_on(self) -> list[str]:
         """Return every step id this step waits for (inputs and ordering)."""
-        return [d for d in self.inputs.values() if d != "source"] + [a for a in self.after if a not in self.inputs.values()]
+        return [d for d in self.inputs.values() if d != "source"] + [
+            a for a in self.after if a not in self.inputs.values()
+        ]
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -139,18 +139,98 @@ def _converters() -> Iterable[Converter]:
     F = Format
     return (
         # --- to ONNX, the canonical graph ---
-        C("keras-to-onnx", F.KERAS, F.ONNX, "tensorflow", 3.0, "services.converters.tensorflow_to_onnx:keras_to_onnx", "tf2onnx"),
-        C("savedmodel-to-onnx", F.SAVEDMODEL, F.ONNX, "tensorflow", 3.0, "services.converters.tensorflow_to_onnx:savedmodel_to_onnx", "tf2onnx"),
-        C("tflite-to-onnx", F.TFLITE, F.ONNX, "tensorflow", 3.0, "services.converters.tensorflow_to_onnx:tflite_to_onnx", "tf2onnx"),
-        C("torchscript-to-onnx", F.TORCHSCRIPT, F.ONNX, "onnxruntime", 3.0, "services.converters.torch_to_onnx:torchscript_to_onnx", "torch.onnx"),
-        C("torch-export-to-onnx", F.TORCH_EXPORT, F.ONNX, "onnxruntime", 2.0, "services.converters.torch_to_onnx:exported_program_to_onnx", "torch.onnx (dynamo)"),
+        C(
+            "keras-to-onnx",
+            F.KERAS,
+            F.ONNX,
+            "tensorflow",
+            3.0,
+            "services.converters.tensorflow_to_onnx:keras_to_onnx",
+            "tf2onnx",
+        ),
+        C(
+            "savedmodel-to-onnx",
+            F.SAVEDMODEL,
+            F.ONNX,
+            "tensorflow",
+            3.0,
+            "services.converters.tensorflow_to_onnx:savedmodel_to_onnx",
+            "tf2onnx",
+        ),
+        C(
+            "tflite-to-onnx",
+            F.TFLITE,
+            F.ONNX,
+            "tensorflow",
+            3.0,
+            "services.converters.tensorflow_to_onnx:tflite_to_onnx",
+            "tf2onnx",
+        ),
+        C(
+            "torchscript-to-onnx",
+            F.TORCHSCRIPT,
+            F.ONNX,
+            "onnxruntime",
+            3.0,
+            "services.converters.torch_to_onnx:torchscript_to_onnx",
+            "torch.onnx",
+        ),
+        C(
+            "torch-export-to-onnx",
+            F.TORCH_EXPORT,
+            F.ONNX,
+            "onnxruntime",
+            2.0,
+            "services.converters.torch_to_onnx:exported_program_to_onnx",
+            "torch.onnx (dynamo)",
+        ),
         # --- native TensorFlow routes (no ONNX round trip) ---
-        C("keras-to-savedmodel", F.KERAS, F.SAVEDMODEL, "tensorflow", 1.0, "services.converters.tensorflow_native:keras_to_savedmodel", "tf.saved_model"),
-        C("onnx-to-savedmodel", F.ONNX, F.SAVEDMODEL, "tensorflow", 4.0, "services.converters.onnx_to_tensorflow:onnx_to_savedmodel", "onnx2tf"),
+        C(
+            "keras-to-savedmodel",
+            F.KERAS,
+            F.SAVEDMODEL,
+            "tensorflow",
+            1.0,
+            "services.converters.tensorflow_native:keras_to_savedmodel",
+            "tf.saved_model",
+        ),
+        C(
+            "onnx-to-savedmodel",
+            F.ONNX,
+            F.SAVEDMODEL,
+            "tensorflow",
+            4.0,
+            "services.converters.onnx_to_tensorflow:onnx_to_savedmodel",
+            "onnx2tf",
+        ),
         # --- OpenVINO IR ---
-        C("onnx-to-openvino-ir", F.ONNX, F.OPENVINO_IR, "openvino", 1.0, "services.converters.openvino_ir:onnx_to_ir", "openvino.convert_model"),
-        C("savedmodel-to-openvino-ir", F.SAVEDMODEL, F.OPENVINO_IR, "openvino", 1.5, "services.converters.openvino_ir:savedmodel_to_ir", "openvino.convert_model"),
-        C("tflite-to-openvino-ir", F.TFLITE, F.OPENVINO_IR, "openvino", 1.5, "services.converters.openvino_ir:tflite_to_ir", "openvino.convert_model"),
+        C(
+            "onnx-to-openvino-ir",
+            F.ONNX,
+            F.OPENVINO_IR,
+            "openvino",
+            1.0,
+            "services.converters.openvino_ir:onnx_to_ir",
+            "openvino.convert_model",
+        ),
+        C(
+            "savedmodel-to-openvino-ir",
+            F.SAVEDMODEL,
+            F.OPENVINO_IR,
+            "openvino",
+            1.5,
+            "services.converters.openvino_ir:savedmodel_to_ir",
+            "openvino.convert_model",
+        ),
+        C(
+            "tflite-to-openvino-ir",
+            F.TFLITE,
+            F.OPENVINO_IR,
+            "openvino",
+            1.5,
+            "services.converters.openvino_ir:tflite_to_ir",
+            "openvino.convert_model",
+        ),
     )
 
 
@@ -158,8 +238,20 @@ def _exporters() -> Iterable[Exporter]:
     F = Format
     P = Precision
     return (
-        Exporter(TargetName.ONNXRUNTIME, "onnxruntime", {F.ONNX: 1.0}, "services.exporters.onnxruntime:export_onnxruntime", artifact_format=F.ONNX),
-        Exporter(TargetName.OPENVINO, "openvino", {F.OPENVINO_IR: 1.0}, "services.exporters.openvino:export_openvino", artifact_format=F.OPENVINO_IR),
+        Exporter(
+            TargetName.ONNXRUNTIME,
+            "onnxruntime",
+            {F.ONNX: 1.0},
+            "services.exporters.onnxruntime:export_onnxruntime",
+            artifact_format=F.ONNX,
+        ),
+        Exporter(
+            TargetName.OPENVINO,
+            "openvino",
+            {F.OPENVINO_IR: 1.0},
+            "services.exporters.openvino:export_openvino",
+            artifact_format=F.OPENVINO_IR,
+        ),
         Exporter(
             TargetName.TFLITE,
             "tensorflow",
@@ -178,7 +270,13 @@ def _exporters() -> Iterable[Exporter]:
             # fp16/int8: weights stored at that precision, fp32 compute (see services/exporters/tfserving.py)
             artifact_format=F.SAVEDMODEL,
         ),
-        Exporter(TargetName.TENSORRT, "tensorrt", {F.ONNX: 2.0}, "services.exporters.tensorrt:export_tensorrt", artifact_format=F.TENSORRT_PLAN),
+        Exporter(
+            TargetName.TENSORRT,
+            "tensorrt",
+            {F.ONNX: 2.0},
+            "services.exporters.tensorrt:export_tensorrt",
+            artifact_format=F.TENSORRT_PLAN,
+        ),
     )
 
 

@@ -59,8 +59,11 @@ def _split_samples(
         return rows, rows, "calibration", "calibration file (too few rows to hold any out for parity)"
     parity, inputs_from = make_validation_inputs(runner.inputs, ctx.spec)
     other = ctx.spec.model_copy(
-        update={"validation": ctx.spec.validation.model_copy(update={"seed": ctx.spec.validation.seed + 1,
-                                                                      "samples": max(16, ctx.spec.validation.samples)})}
+        update={
+            "validation": ctx.spec.validation.model_copy(
+                update={"seed": ctx.spec.validation.seed + 1, "samples": max(16, ctx.spec.validation.samples)}
+            )
+        }
     )
     calib, _ = make_validation_inputs(runner.inputs, other)
     return parity, calib, inputs_from, f"generated samples, not real data (seed {ctx.spec.validation.seed + 1})"

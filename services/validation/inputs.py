@@ -48,7 +48,9 @@ def load_calibration(path: str | Path, inputs: list[TensorSpec]) -> dict[str, np
         with np.load(Path(path), allow_pickle=False) as npz:
             data = {k: npz[k] for k in npz.files}
     except (OSError, ValueError, zipfile.BadZipFile) as exc:
-        raise InvalidSpec(f"calibration file {path} is not a readable .npz: {exc}", hint="Write it with numpy.savez.") from exc
+        raise InvalidSpec(
+            f"calibration file {path} is not a readable .npz: {exc}", hint="Write it with numpy.savez."
+        ) from exc
     names = {t.name for t in inputs}
     if set(data) != names:
         raise InvalidSpec(

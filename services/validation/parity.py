@@ -69,9 +69,7 @@ def _classifier_shaped(arr: np.ndarray) -> bool:
     return arr.ndim == 2 and arr.shape[1] > 1
 
 
-def compare_outputs(
-    name: str, actual: list[np.ndarray], expected: list[np.ndarray], tol: Tolerances
-) -> OutputParity:
+def compare_outputs(name: str, actual: list[np.ndarray], expected: list[np.ndarray], tol: Tolerances) -> OutputParity:
     """Return the agreement of one output across samples (lists of equal-shaped arrays)."""
     a = np.concatenate([np.asarray(x, dtype=np.float64).reshape(-1) for x in actual])
     b = np.concatenate([np.asarray(x, dtype=np.float64).reshape(-1) for x in expected])
@@ -135,13 +133,13 @@ def check_parity(
     e_names = expected_order or list(expected[0])
     outputs = []
     for a_name, e_name in match_outputs(a_names, e_names):
-        outputs.append(
-            compare_outputs(e_name, [s[a_name] for s in actual], [s[e_name] for s in expected], tol)
-        )
+        outputs.append(compare_outputs(e_name, [s[a_name] for s in actual], [s[e_name] for s in expected], tol))
     failures = []
     for o in outputs:
         if not o.within_allclose:
-            failures.append(f"{o.name}: max_abs {o.max_abs:.3g} / max_rel {o.max_rel:.3g} over atol {tol.atol} + rtol {tol.rtol}")
+            failures.append(
+                f"{o.name}: max_abs {o.max_abs:.3g} / max_rel {o.max_rel:.3g} over atol {tol.atol} + rtol {tol.rtol}"
+            )
         if tol.min_cosine is not None and o.cosine < tol.min_cosine:
             failures.append(f"{o.name}: cosine {o.cosine:.6f} < {tol.min_cosine}")
         if tol.min_top1 is not None and o.top1 is not None and o.top1 < tol.min_top1:
