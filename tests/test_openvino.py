@@ -426,3 +426,38 @@ def test_savedmodel_other_signature_and_missing_one(savedmodel_dir: Path, tmp_pa
     with pytest.raises(KilnError) as err:
         savedmodel_to_ir(_context(tmp_path, model, "savedmodel-to-openvino-ir", signature="predict"))
     assert err.value.code == "INVALID_SPEC" and "serving_default" in err.value.hint
+
+
+_COUNT_TELEMETRY = """
+import sys
+from openvino_telemetry.utils.sender import TelemetrySender
+sent = []
+TelemetrySender.send = lambda self, backend, message: sent.append(message)  # count, never send
+from cli.main import main
+try:
+    main(sys.argv[1:], standalone_mode=True)
+except SystemExit as exc:
+    assert not exc.code, exc.code
+events = [e["name"] for m in sent for e in m.get("events", [])]
+print("EVENTS", ",".join(events))
+"""
+
+
+def test_conversions_send_no_openvino_telemetry(cnn_onnx: Path, tmp_path: Path) -> None:
+    # A fresh HOME has no consent file, in which case OpenVINO reports every convert_model
+    # and NNCF call (without the opt-out, this job sent dozens of events). Only the event
+    # that importing openvino.tools.ovc sends before Kiln can opt out is left.
+    home = tmp_path / "home"
+    home.mkdir()
+    args = [str(cnn_onnx), "--target", "openvino", "--precision", "int8", "--repo", str(tmp_path / "repo")]
+    env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "KILN_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run(
+        [sys.executable, "-c", _COUNT_TELEMETRY, "compile", *args, "--name", "m", "--no-benchmark"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    events = proc.stdout.rsplit("EVENTS ", 1)[1].strip()
+    assert events in ("", "import"), events
