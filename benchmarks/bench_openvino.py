@@ -1,4 +1,4 @@
-"""Benchmark Kiln's OpenVINO artifacts; prints markdown tables (see docs/benchmarks/openvino.md).
+"""Benchmark Kiln's OpenVINO artifacts; prints markdown tables (see docs/benchmarks.md).
 
 1. Kiln's fp32 IR (its default route, through the ONNX optimiser when it is installed)
    against a direct ``openvino.convert_model`` of the same ONNX: latency ratio, goal <= 1.0.

@@ -1,4 +1,4 @@
-"""Benchmark the compile service; prints markdown tables (results in docs/benchmarks/service.md).
+"""Benchmark the compile service; prints markdown tables (results in docs/benchmarks.md).
 
 1. Service overhead: a job's end-to-end time through the API and the queue (client's view:
    POST /compile until the SSE stream ends) against a direct in-process

@@ -1,4 +1,4 @@
-"""Benchmark the TensorRT pre-flight; prints a markdown table (see docs/benchmarks/tensorrt.md).
+"""Benchmark the TensorRT pre-flight; prints a markdown table (see docs/benchmarks.md).
 
 The pre-flight's promise is to fail a model TensorRT cannot import *early*: on the CPU
 queue, before a GPU worker is involved. This measures what that costs against the floor

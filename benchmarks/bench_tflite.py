@@ -1,4 +1,4 @@
-"""Benchmark Kiln's TFLite artifacts; prints markdown tables (see docs/benchmarks/tflite.md).
+"""Benchmark Kiln's TFLite artifacts; prints markdown tables (see docs/benchmarks.md).
 
 1. TFLite int8 against TFLite fp32 (both built by Kiln's exporter from the same SavedModel):
    latency ratio and artifact size ratio, for full-integer int8 (calibrated) and

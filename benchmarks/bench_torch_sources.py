@@ -1,4 +1,4 @@
-"""Benchmark Kiln's PyTorch sources; prints markdown tables (see docs/benchmarks/torch_sources.md).
+"""Benchmark Kiln's PyTorch sources; prints markdown tables (see docs/benchmarks.md).
 
 1. Loading a .pt2: Kiln's vetted loader (archive checks, JSON vetting, re-pack, then
    torch.export.load) against a bare ``torch.export.load`` of the same file: the price of
