@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 EXTRAS := onnxruntime,openvino,tensorflow,torch,service,dev
 
-.PHONY: setup demo test lint lock benchmarks clean
+.PHONY: setup demo test lint lock benchmarks smoke clean
 
 setup: $(VENV)/.installed
 
@@ -32,6 +32,10 @@ lock: setup
 
 benchmarks: setup
 	$(BIN)/python benchmarks/run_all.py
+
+# Brings the compose stack up for real (needs root: it runs its own Docker engine).
+smoke: setup
+	$(BIN)/python docker/smoke.py
 
 clean:
 	rm -rf $(VENV) model-repository .pytest_cache
