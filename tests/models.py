@@ -79,6 +79,26 @@ def tiny_transformer_module(d_model: int = 32, heads: int = 4):
     return EncoderBlock().eval()
 
 
+#: Vocabulary of the tiny BERT (token ids are drawn below it).
+BERT_VOCAB = 99
+
+
+def tiny_bert_module():
+    """transformers' BertModel from a tiny BertConfig (2 layers, hidden 32, 4 heads), built offline."""
+    _torch()  # seeds the weights
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(
+        vocab_size=BERT_VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=64,
+    )
+    return BertModel(config).eval()
+
+
 def export_onnx(
     module,
     example,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from models import export_again
+from models import BERT_VOCAB, export_again, tiny_bert_module
 
 from services.errors import ConversionFailed
 from services.formats import Format
@@ -25,7 +25,6 @@ from services.repository.publish import read_manifest
 from services.runners import open_runner
 from services.spec import load_spec
 
-BERT_VOCAB = 99
 CONVERT = "onnx-to-savedmodel"
 
 
@@ -44,22 +43,6 @@ def shared_store(work: Path):
     return LocalArtifactStore(work / "store")
 
 
-def _bert_module():
-    import torch
-    from transformers import BertConfig, BertModel
-
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=BERT_VOCAB,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=37,
-        max_position_embeddings=64,
-    )
-    return BertModel(config).eval()
-
-
 @pytest.fixture(scope="module")
 def bert_pt2(work: Path) -> Path:
     """A tiny BertModel (input_ids, attention_mask int64; dynamic batch and sequence) as an ExportedProgram."""
@@ -69,7 +52,7 @@ def bert_pt2(work: Path) -> Path:
     mask = torch.ones(2, 16, dtype=torch.int64)
     batch, seq = torch.export.Dim("batch", min=1, max=32), torch.export.Dim("seq", min=2, max=64)
     program = torch.export.export(
-        _bert_module(),
+        tiny_bert_module(),
         (),
         kwargs={"input_ids": ids, "attention_mask": mask},
         dynamic_shapes={"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}},
@@ -226,7 +209,7 @@ def test_bert_exported_program_at_fixed_shapes(bert_job) -> None:
     mask = np.ones((1, 16), np.int64)
     mask[0, 11:] = 0
     with torch.no_grad():
-        eager = _bert_module()(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask))
+        eager = tiny_bert_module()(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask))
     tflite = _published(result, "tflite") / "model.tflite"
     for fmt, path in ((Format.SAVEDMODEL, _published(result, "tfserving")), (Format.TFLITE, tflite)):
         got = open_runner(fmt, path).run({"input_ids": ids, "attention_mask": mask})

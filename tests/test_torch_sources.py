@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from models import export_again, tiny_cnn_module
+from models import BERT_VOCAB, export_again, tiny_bert_module, tiny_cnn_module
 
 from services.errors import InvalidSpec, UnsafeInput
 from services.formats import Format
@@ -28,7 +28,6 @@ from services.runners import open_runner
 from services.spec import load_spec
 
 KILN = str(Path(sys.executable).parent / "kiln")
-BERT_VOCAB = 99
 
 # --------------------------------------------------------------------------- models, once
 
@@ -57,28 +56,12 @@ def cnn(torch_dir: Path) -> dict[str, Path]:
     return paths
 
 
-def _bert():
-    import torch
-    from transformers import BertConfig, BertModel
-
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=BERT_VOCAB,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=37,
-        max_position_embeddings=64,
-    )
-    return BertModel(config).eval()
-
-
 @pytest.fixture(scope="module")
 def bert(torch_dir: Path) -> dict[str, Path]:
     """A tiny BertModel (input_ids, attention_mask int64) as an ExportedProgram and a traced TorchScript."""
     import torch
 
-    model = _bert()
+    model = tiny_bert_module()
     ids = torch.randint(0, BERT_VOCAB, (2, 16))
     mask = torch.ones(2, 16, dtype=torch.int64)
     batch, seq = torch.export.Dim("batch", min=1, max=32), torch.export.Dim("seq", min=2, max=64)

@@ -62,6 +62,17 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+def _running_attempt(job_id: str, step_id: str, attempt: int) -> Any:
+    """An UPDATE of one step attempt that only matches while it is still running (so a step
+    taken over by another worker, or finished, is left alone: the caller checks rowcount)."""
+    return update(JobStep).where(
+        JobStep.job_id == job_id,
+        JobStep.step_id == step_id,
+        JobStep.attempt == attempt,
+        JobStep.status == "running",
+    )
+
+
 @dataclass
 class NewJob:
     """What the API records for an accepted upload."""
@@ -481,16 +492,7 @@ class JobStore:
         with self.write() as s:
             if progress:
                 self._lock_job_row(s, job_id)
-            res = s.execute(
-                update(JobStep)
-                .where(
-                    JobStep.job_id == job_id,
-                    JobStep.step_id == step_id,
-                    JobStep.attempt == attempt,
-                    JobStep.status == "running",
-                )
-                .values(heartbeat_at=utcnow())
-            )
+            res = s.execute(_running_attempt(job_id, step_id, attempt).values(heartbeat_at=utcnow()))
             ours = res.rowcount == 1  # type: ignore[attr-defined]
             if ours:
                 for m in progress:
@@ -557,14 +559,7 @@ class JobStore:
         with self.write() as s:
             self._lock_job_row(s, job_id)
             res = s.execute(
-                update(JobStep)
-                .where(
-                    JobStep.job_id == job_id,
-                    JobStep.step_id == step_id,
-                    JobStep.attempt == attempt,
-                    JobStep.status == "running",
-                )
-                .values(status="queued", worker=None, queued_at=utcnow())
+                _running_attempt(job_id, step_id, attempt).values(status="queued", worker=None, queued_at=utcnow())
             )
             if res.rowcount == 1:  # type: ignore[attr-defined]
                 self.add_event(s, job_id, "step_requeued", step_id, reason=reason)
