@@ -15,13 +15,13 @@ from typing import Any
 
 from api.upload import Upload
 from services.errors import InvalidSpec, KilnError, ServiceUnavailable, SourceUnreadable, UnsupportedFormat
-from services.formats import open_source, safe_extract
+from services.formats import DetectedSource, Format, open_source, safe_extract
 from services.formats.archives import archive_kind
 from services.graph.planner import plan_routes
 from services.graph.registry import Registry
 from services.jobs.store import JobStore, NewJob
 from services.pipeline.local import default_model_name
-from services.spec import load_spec
+from services.spec import CompileSpec, TargetName, load_spec
 from services.storage.base import ArtifactStore
 from workers.queues import enqueue_steps
 
@@ -47,6 +47,22 @@ def _open_vetted(path: Path, work: Path, override: Any) -> Any:
     if kind and source.path == path:
         safe_extract(path, work / "vet")
     return source
+
+
+def _tensorrt_preflight(source: DetectedSource, spec: CompileSpec) -> None:
+    """Refuse an ONNX model TensorRT's parser cannot import now (422 UNSUPPORTED_OPS with the ops).
+
+    The export step checks again on the GPU worker (the model it builds is the optimised
+    one, and other sources reach ONNX only there); checking here means a job whose model
+    cannot build never waits in the GPU queue, which may have no worker at all. A few
+    milliseconds for real models (docs/benchmarks.md); the weights are not read.
+    """
+    if source.format is not Format.ONNX or TargetName.TENSORRT not in spec.targets:
+        return
+    from services.exporters.tensorrt import variant_major
+    from services.tensorrt import require_tensorrt_support
+
+    require_tensorrt_support(source.path, tensorrt_major=variant_major(spec.tensorrt_variant))
 
 
 def prepare_job(
@@ -84,6 +100,7 @@ def prepare_job(
         # Detection and archive vetting (UNSAFE_INPUT) happen here, before anything is stored.
         source = _open_vetted(model.path, Path(tmp), spec.source_format)
         plan = plan_routes(source.format, spec, registry, default_name=default_model_name(model.path))
+        _tensorrt_preflight(source, spec)
     source_key = f"sources/{model.sha256}"
     store.put_dir(source_key, model.path.parent)
     calibration_key = None

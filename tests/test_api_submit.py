@@ -351,3 +351,29 @@ def test_a_calibration_file_travels_as_its_own_part(client: TestClient, cnn_onnx
     assert r.status_code == 202, r.text
     job = client.get(f"/jobs/{r.json()['id']}").json()
     assert job["spec"]["calibration"] == "calib.npz"
+
+
+def _model_with_unique() -> bytes:
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Unique", ["r"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return bytes(model.SerializeToString())
+
+
+def test_a_model_tensorrt_cannot_parse_is_refused_at_submit_with_its_ops(client: TestClient, cnn_onnx: Path) -> None:
+    # Refused before anything is queued: the job would otherwise wait for a GPU worker only
+    # to fail there (or forever, where no GPU worker runs).
+    spec = {"targets": ["onnxruntime", "tensorrt"], "tensorrt_variant": "cu12"}
+    body = _refused(client, 422, "UNSUPPORTED_OPS", "unique.onnx", _model_with_unique(), spec)
+    assert body["details"]["ops"] == {"Unique": 1} and "Unique" in body["message"]
+    assert body["details"]["tensorrt"].startswith("10.")
+    # The same model without the TensorRT target, and a model TensorRT can parse, are accepted.
+    assert _post(client, "unique.onnx", _model_with_unique(), {"targets": ["onnxruntime"]}).status_code == 202
+    assert _post(client, "cnn.onnx", cnn_onnx.read_bytes(), spec).status_code == 202
