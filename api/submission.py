@@ -30,7 +30,7 @@ __all__ = ["prepare_job", "start_job", "submit_job"]
 log = logging.getLogger("kiln.api")
 
 
-def _open_vetted(path: Path, work: Path, override: Any) -> Any:
+def _open_vetted(path: Path, work: Path, override: Any, sha256: str) -> DetectedSource:
     """Detect the upload; every archive's members are vetted, whatever it turns out to hold.
 
     open_source extracts (and so vets) the archives it unpacks; an archive it does not
@@ -39,7 +39,7 @@ def _open_vetted(path: Path, work: Path, override: Any) -> Any:
     """
     kind = archive_kind(path)
     try:
-        source = open_source(path, work, override)
+        source = open_source(path, work, override, sha256=sha256)  # hashed while it streamed in
     except UnsupportedFormat:
         if kind:
             safe_extract(path, work / "vet")
@@ -98,7 +98,7 @@ def prepare_job(
     scratch_root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="detect-", dir=scratch_root) as tmp:
         # Detection and archive vetting (UNSAFE_INPUT) happen here, before anything is stored.
-        source = _open_vetted(model.path, Path(tmp), spec.source_format)
+        source = _open_vetted(model.path, Path(tmp), spec.source_format, model.sha256)
         plan = plan_routes(source.format, spec, registry, default_name=default_model_name(model.path))
         _tensorrt_preflight(source, spec)
     source_key = f"sources/{model.sha256}"

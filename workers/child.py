@@ -318,8 +318,8 @@ def _open_source(req: StepRequest, path: Path, work: Path, override: Any) -> Any
     """Return the job's source as the executor wants it.
 
     A plain file is what the API detected and hashed at upload (same detection, same
-    override), so it is taken as recorded; archives and directories go through open_source,
-    which extracts (and vets) them.
+    override), so it is taken as recorded; archives go through open_source, which extracts
+    (and vets) them, with the hash recorded at upload.
     """
     from services.formats import DetectedSource, Format, open_source
     from services.formats.archives import archive_kind
@@ -328,7 +328,7 @@ def _open_source(req: StepRequest, path: Path, work: Path, override: Any) -> Any
         return DetectedSource(
             format=Format(req.source_format), path=path, seen=req.source_seen, sha256=req.source_sha256
         )
-    return open_source(path, work, override)
+    return open_source(path, work, override, sha256=req.source_sha256 if path.is_file() else None)
 
 
 def _run(req: StepRequest, progress: Callable[[str], None]) -> dict[str, Any]:

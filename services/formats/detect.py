@@ -174,14 +174,20 @@ def _resolve_loadable(fmt: Format, root: Path) -> Path:
     return root
 
 
-def open_source(path: Path, work_dir: Path, override: Format | None = None) -> DetectedSource:
-    """Detect ``path`` and make it loadable, extracting archives safely into ``work_dir``."""
+def open_source(
+    path: Path, work_dir: Path, override: Format | None = None, *, sha256: str | None = None
+) -> DetectedSource:
+    """Detect ``path`` and make it loadable, extracting archives safely into ``work_dir``.
+
+    ``sha256`` is the file's hash when the caller already has it (the API hashes an upload
+    while streaming it to disk); hashing a 1 GiB model again costs seconds.
+    """
     path = Path(path)
     fmt, seen = detect_format(path)
     if override is not None and override is not fmt:
         seen = f"{seen}; overridden to {override.value} by the spec"
         fmt = override
-    digest = sha256_path(path)
+    digest = sha256 if sha256 is not None and path.is_file() else sha256_path(path)
     loadable = path
     kind = archive_kind(path) if path.is_file() else None
     # Keras v3, TorchScript and torch.export files are zips read whole by their own loaders.
