@@ -354,7 +354,6 @@ def test_a_calibration_file_travels_as_its_own_part(client: TestClient, cnn_onnx
 
 
 def _model_with_unique() -> bytes:
-    import onnx
     from onnx import TensorProto, helper
 
     graph = helper.make_graph(
