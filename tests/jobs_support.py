@@ -27,8 +27,10 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TESTS_DIR = Path(__file__).resolve().parent
-PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
-REDIS_URL = "redis://127.0.0.1:6379/{db}"
+# The real servers the service tests use; elsewhere than this machine (PostgreSQL with
+# trust auth on loopback) point these at a superuser URL and a Redis server.
+PG_ADMIN = os.environ.get("KILN_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
+REDIS_BASE = os.environ.get("KILN_TEST_REDIS", "redis://127.0.0.1:6379").rstrip("/")
 KILN = str(REPO_ROOT / ".venv" / "bin" / "kiln")
 
 
@@ -46,8 +48,9 @@ def _pg_up() -> bool:
 def pg_database() -> str:
     """Create this session's PostgreSQL database (once per process); return its URL."""
     if not _pg_up():
-        pytest.fail("PostgreSQL is not answering on 127.0.0.1:5432; run .ci/run, which starts it")
+        pytest.fail(f"PostgreSQL is not answering at {PG_ADMIN} (KILN_TEST_POSTGRES); run .ci/run, which starts it")
     import psycopg
+    from sqlalchemy.engine import make_url
 
     name = f"kiln_test_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
@@ -63,7 +66,7 @@ def pg_database() -> str:
             c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
     atexit.register(drop)
-    return f"postgresql://postgres@127.0.0.1:5432/{name}"
+    return str(make_url(PG_ADMIN).set(database=name).render_as_string(hide_password=False))
 
 
 @cache
@@ -80,12 +83,12 @@ def redis_url(db: int = 13) -> str:
     """Return a test Redis database's URL (13: end-to-end, 14: API tests), flushed now and at exit."""
     import redis
 
-    url = REDIS_URL.format(db=db)
+    url = f"{REDIS_BASE}/{db}"
     client = redis.Redis.from_url(url, socket_connect_timeout=3)
     try:
         client.flushdb()
     except Exception:
-        pytest.fail("Redis is not answering on 127.0.0.1:6379; run .ci/run, which starts it")
+        pytest.fail(f"Redis is not answering at {REDIS_BASE} (KILN_TEST_REDIS); run .ci/run, which starts it")
 
     def flush() -> None:
         with contextlib.suppress(Exception):
