@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import pickle
 import tarfile
 import zipfile
 from pathlib import Path
@@ -98,9 +99,24 @@ def test_truncated_and_garbage_files(cnn_onnx: Path, tmp_path: Path) -> None:
 
 
 def test_spec_override_is_recorded(cnn_onnx: Path, tmp_path: Path) -> None:
-    src = open_source(cnn_onnx, tmp_path, Format.ONNX)
-    assert src.format is Format.ONNX
-    assert len(src.sha256) == 64
+    same = open_source(cnn_onnx, tmp_path, Format.ONNX)
+    assert same.format is Format.ONNX and "overridden" not in same.seen and len(same.sha256) == 64
+    other = open_source(cnn_onnx, tmp_path, Format.TFLITE)
+    assert other.format is Format.TFLITE
+    assert other.seen.startswith("protobuf") and other.seen.endswith("overridden to tflite by the spec")
+
+
+def test_override_takes_unrecognised_content_but_never_a_pickle(tmp_path: Path) -> None:
+    blob = tmp_path / "model.bin"
+    blob.write_bytes(b"\x13\x37" * 64)
+    with pytest.raises(UnsupportedFormat):
+        open_source(blob, tmp_path)
+    src = open_source(blob, tmp_path, Format.ONNX)
+    assert src.format is Format.ONNX and "content not recognised" in src.seen and "by the spec" in src.seen
+    pickled = tmp_path / "model.pt"
+    pickled.write_bytes(pickle.dumps({"weights": [1, 2, 3]}))
+    with pytest.raises(UnsafeInput):
+        open_source(pickled, tmp_path, Format.TORCHSCRIPT)
 
 
 def _tar(path: Path, members: list[tarfile.TarInfo], payloads: dict[str, bytes] | None = None) -> Path:

@@ -183,7 +183,15 @@ def open_source(
     while streaming it to disk); hashing a 1 GiB model again costs seconds.
     """
     path = Path(path)
-    fmt, seen = detect_format(path)
+    try:
+        fmt, seen = detect_format(path)
+    except UnsupportedFormat as exc:
+        # The spec's word is what `source_format` is for: content Kiln does not recognise is
+        # taken as the format named (its loader then says whether it can read it). Pickles
+        # and unreadable files raise other errors, which no override lifts.
+        if override is None:
+            raise
+        fmt, seen = override, f"content not recognised ({exc.message}); taken as {override.value} by the spec"
     if override is not None and override is not fmt:
         seen = f"{seen}; overridden to {override.value} by the spec"
         fmt = override
