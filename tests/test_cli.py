@@ -41,6 +41,10 @@ def test_compile_onnxruntime_and_openvino(cnn_onnx: Path, tmp_path: Path) -> Non
     assert proc.returncode == 0, proc.stderr
     assert "succeeded" in proc.stdout and "Traceback" not in proc.stderr
     assert "▶ optimize" in proc.stderr and "✔ export:openvino" in proc.stderr
+    # The summary table: one row per target with its route, parity, latency and artifact.
+    for column in ("target", "status", "route", "parity", "p50 latency", "artifact"):
+        assert column in proc.stdout, column
+    assert "onnx → optimize ⇒ onnxruntime" in proc.stdout and "ms (b1)" in proc.stdout
     assert (repo / "cnn-onnxruntime" / "1" / "model.onnx").is_file()
     assert (repo / "cnn-openvino" / "1" / "model.xml").is_file()
     assert (repo / "cnn-openvino" / "1" / "model.bin").is_file()
@@ -108,3 +112,30 @@ def test_schema_command() -> None:
     proc = run("schema")
     assert proc.returncode == 0
     assert json.loads(proc.stdout)["title"] == "CompileSpec"
+
+
+def test_a_failing_target_exits_non_zero_with_its_code(cnn_onnx: Path, tmp_path: Path) -> None:
+    # fp16 weights cannot be bit-exact: zero tolerances fail the target's parity check.
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"tolerances": {"atol": 0.0, "rtol": 0.0}, "benchmark": False}))
+    proc = run(
+        "compile",
+        str(cnn_onnx),
+        "--target",
+        "onnxruntime",
+        "--precision",
+        "fp16",
+        "--spec",
+        str(spec),
+        "--repo",
+        str(tmp_path / "repo"),
+        "--name",
+        "cnn",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+    )
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert "PARITY_FAILED" in proc.stdout and "FAIL abs" in proc.stdout  # the row names code and numbers
+    assert "hint:" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "repo" / "cnn" / "1").exists()  # nothing failed is published

@@ -1,0 +1,79 @@
+"""The benchmark recorded with every artifact: percentiles, throughput, batch sizes, warm-up left out."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from services.benchmark import benchmark_runner
+from services.pipeline import compile_model
+from services.runners.base import ModelRunner, TensorSpec
+from services.spec import load_spec
+
+
+class _ScriptedRunner(ModelRunner):
+    """A runner whose first ``slow`` calls take 200 ms and the rest ~1 ms per sample.
+
+    Not an engine: it gives the timing code durations known in advance, so the test can
+    tell whether warm-up runs leaked into the percentiles.
+    """
+
+    def __init__(self, slow: int, batch_axis: int | None = None) -> None:
+        self.inputs = [TensorSpec("x", "float32", (batch_axis, 4))]
+        self.outputs = [TensorSpec("y", "float32", (batch_axis, 4))]
+        self.slow = slow
+        self.batches: list[int] = []
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        x = feeds["x"]
+        self.batches.append(x.shape[0])
+        time.sleep(0.2 if len(self.batches) <= self.slow else 0.001 * x.shape[0])
+        return {"y": x}
+
+
+def _spec(batch_sizes: list[int], warmup: int, iterations: int):
+    return load_spec(
+        {
+            "targets": ["onnxruntime"],
+            "benchmark": {"batch_sizes": batch_sizes, "warmup": warmup, "iterations": iterations},
+        }
+    )
+
+
+def test_warmup_is_excluded_and_each_batch_size_gets_its_row() -> None:
+    runner = _ScriptedRunner(slow=3)
+    spec = _spec([1, 4], warmup=3, iterations=20)
+    rows = benchmark_runner(runner, spec)
+    assert [r.batch_size for r in rows] == [1, 4]
+    assert runner.batches == [1] * 23 + [4] * 23  # warm-up and timed runs, per batch size
+    one, four = rows
+    assert one.p99_ms < 150, one  # the three 200 ms warm-up runs are not in the numbers
+    assert one.p50_ms <= one.p90_ms <= one.p99_ms and one.iterations == 20 and one.warmup == 3
+    assert four.p50_ms > one.p50_ms  # 4 ms against 1 ms of sleep per call
+    for r in rows:  # samples per second over the mean time of one call
+        assert abs(r.throughput - r.batch_size * 1000 / r.mean_ms) < 1e-6 * r.throughput
+
+
+def test_a_model_with_a_fixed_batch_runs_its_own_size() -> None:
+    runner = _ScriptedRunner(slow=0, batch_axis=2)
+    rows = benchmark_runner(runner, _spec([1, 8], warmup=1, iterations=5))
+    assert [r.batch_size for r in rows] == [2] and set(runner.batches) == {2}
+
+
+def test_every_batch_size_is_recorded_with_the_artifact(cnn_onnx: Path, store, repository) -> None:
+    spec = load_spec(
+        {
+            "targets": ["onnxruntime"],
+            "name": "bench",
+            "benchmark": {"batch_sizes": [1, 4], "warmup": 2, "iterations": 10},
+        }
+    )
+    target = compile_model(cnn_onnx, spec, store=store, repository=repository).targets["onnxruntime"]
+    assert target.status == "succeeded", target.error
+    rows = target.benchmark
+    assert [r["batch_size"] for r in rows] == [1, 4]
+    for r in rows:
+        assert 0 < r["p50_ms"] <= r["p90_ms"] <= r["p99_ms"] and r["iterations"] == 10 and r["warmup"] == 2
+        assert r["throughput"] > 0
