@@ -163,7 +163,7 @@ def test_transformer_block_keeps_dynamic_batch(block_job, transformer_onnx) -> N
 
 def test_transformer_block_fp16_and_int8(block_job, shared_store, work) -> None:
     result, repository = block_job
-    for precision, targets in (("fp16", ["tflite", "tfserving"]), ("int8", ["tflite"])):
+    for precision, targets in (("fp16", ["tflite", "tfserving"]), ("int8", ["tflite", "tfserving"])):
         metas = export_again(result, _spec(targets, precision), shared_store, repository)
         for target in targets:
             _assert_passed(metas[target]["parity"], precision)
@@ -219,7 +219,7 @@ def test_bert_exported_program_at_fixed_shapes(bert_job) -> None:
 
 def test_bert_fp16_and_int8(bert_job, shared_store, work) -> None:
     result, repository = bert_job
-    for precision, targets in (("fp16", ["tflite", "tfserving"]), ("int8", ["tflite"])):
+    for precision, targets in (("fp16", ["tflite", "tfserving"]), ("int8", ["tflite", "tfserving"])):
         metas = export_again(result, _spec(targets, precision), shared_store, repository)
         for target in targets:
             _assert_passed(metas[target]["parity"], precision)

@@ -11,6 +11,7 @@ import io
 import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -183,6 +184,18 @@ def test_bert_exported_program_to_onnxruntime_all_precisions(
         _assert_passed(meta["onnxruntime"]["parity"], precision)
 
 
+def test_bert_exported_program_to_openvino_all_precisions(bert, shared_store, repository) -> None:
+    result = _compile(bert["pt2"], _spec(["openvino"]), shared_store, repository)
+    target = result.targets["openvino"]
+    assert target.status == "succeeded", target.error
+    assert result.plan.routes["openvino"] == "torch_export → onnx → openvino_ir ⇒ openvino"
+    _assert_passed(target.parity, "fp32")
+    assert [o["name"] for o in target.parity["outputs"]] == ["last_hidden_state", "pooler_output"]
+    for precision in ("fp16", "int8"):
+        meta = export_again(result, _spec(["openvino"], precision), shared_store, repository)
+        _assert_passed(meta["openvino"]["parity"], precision)
+
+
 def test_bert_traced_torchscript_dict_outputs_and_dynamic_sequence(bert, shared_store, repository, repo_dir) -> None:
     profile = {"min": [1, 4], "opt": [2, 24], "max": [8, 64]}
     spec = _spec(["onnxruntime"], inputs={"input_ids": profile, "attention_mask": profile})
@@ -300,12 +313,6 @@ def test_cnn_torchscript_to_openvino_all_precisions(cnn, shared_store, repositor
 
 
 def test_cnn_torchscript_to_tflite_and_tfserving(cnn, shared_store, repository, tmp_path) -> None:
-    for module in (
-        "services.converters.onnx_to_tensorflow",
-        "services.exporters.tflite",
-        "services.exporters.tfserving",
-    ):
-        pytest.importorskip(module, reason="the TensorFlow targets have not landed")
     result = _compile(cnn["traced"], _spec(["tflite", "tfserving"]), shared_store, repository)
     for name in ("tflite", "tfserving"):
         target = result.targets[name]
@@ -316,8 +323,39 @@ def test_cnn_torchscript_to_tflite_and_tfserving(cnn, shared_store, repository, 
     meta = export_again(result, _spec(["tflite", "tfserving"], "fp16"), shared_store, repository)
     _assert_passed(meta["tflite"]["parity"], "fp16")
     _assert_passed(meta["tfserving"]["parity"], "fp16")
-    meta = export_again(result, _spec(["tflite"], "int8"), shared_store, repository)
+    meta = export_again(result, _spec(["tflite", "tfserving"], "int8"), shared_store, repository)
     _assert_passed(meta["tflite"]["parity"], "int8")
+    _assert_passed(meta["tfserving"]["parity"], "int8")
+
+
+def test_spec_opset_reaches_the_exported_onnx(cnn, shared_store, repository, repo_dir) -> None:
+    import onnx
+
+    from services.converters.torch_to_onnx import DEFAULT_OPSET
+
+    def published_opset() -> int:
+        model = onnx.load(str(repo_dir / "m" / "1" / "model.onnx"), load_external_data=False)
+        return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+
+    wanted = 16 if DEFAULT_OPSET != 16 else 15
+    result = _compile(cnn["traced"], _spec(["onnxruntime"], opset=wanted), shared_store, repository)
+    assert result.targets["onnxruntime"].status == "succeeded", result.targets["onnxruntime"].error
+    assert published_opset() == wanted
+    shutil.rmtree(repo_dir / "m")
+    result = _compile(cnn["traced"], _spec(["onnxruntime"]), shared_store, repository)
+    assert result.targets["onnxruntime"].status == "succeeded", result.targets["onnxruntime"].error
+    assert published_opset() == DEFAULT_OPSET
+
+
+def test_cnn_exported_program_to_the_other_cpu_engines(cnn, shared_store, repository) -> None:
+    # The .pt2 route into ONNX is torch's dynamo exporter; from there the same edges as TorchScript.
+    targets = ["openvino", "tflite", "tfserving"]
+    result = _compile(cnn["pt2"], _spec(targets), shared_store, repository)
+    for name in targets:
+        target = result.targets[name]
+        assert target.status == "succeeded", target.error
+        assert result.plan.routes[name].startswith("torch_export → onnx → "), result.plan.routes[name]
+        _assert_passed(target.parity, "fp32")
 
 
 # --------------------------------------------------------------------------- pickles refused
