@@ -118,3 +118,22 @@ def test_tampered_archive_is_caught_before_loading(tmp_path: Path) -> None:
     with pytest.raises(UnsafeInput) as exc:
         check_keras_file(tampered)
     assert "Python lambda bytecode" in exc.value.message
+
+
+def test_the_payload_is_live_when_loaded_unsafely(lambda_files: tuple[Path, Path, Path]) -> None:
+    # The control for the tests above: the same files, loaded the unsafe way in another
+    # process, do run the stored code (so "the marker never appeared" means Kiln stopped it).
+    import subprocess
+    import sys
+
+    keras_file, h5_file, marker = lambda_files
+    script = (
+        "import sys, numpy as np, keras\n"
+        "model = keras.saving.load_model(sys.argv[1], safe_mode=False)\n"
+        "model(np.zeros((1, 4), np.float32))\n"
+    )
+    for path in (keras_file, h5_file):
+        proc = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert marker.read_text() == "payload ran", path
+        marker.unlink()
