@@ -139,3 +139,38 @@ def test_a_failing_target_exits_non_zero_with_its_code(cnn_onnx: Path, tmp_path:
     assert "hint:" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "repo" / "cnn" / "1").exists()  # nothing failed is published
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "int8"])
+@pytest.mark.parametrize("model", ["cnn_onnx", "transformer_onnx"])
+def test_issue_matrix_through_the_command(model: str, precision: str, request, tmp_path: Path) -> None:
+    # What the compile-core issue asks of `kiln compile` itself: both test models, both
+    # targets, every precision, each published with a parity report inside tolerance.
+    repo = tmp_path / "repo"
+    proc = run(
+        "compile",
+        str(request.getfixturevalue(model)),
+        "-t",
+        "onnxruntime",
+        "-t",
+        "openvino",
+        "-p",
+        precision,
+        "--repo",
+        str(repo),
+        "--name",
+        "m",
+        "--no-benchmark",
+        "--json",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    for target, files in (("onnxruntime", {"model.onnx"}), ("openvino", {"model.xml", "model.bin"})):
+        t = result["targets"][target]
+        assert t["status"] == "succeeded" and t["parity"]["passed"], t
+        version = repo / f"m-{target}" / "1"
+        assert files | {"kiln-manifest.json"} <= {p.name for p in version.iterdir()}
+        manifest = json.loads((version / "kiln-manifest.json").read_text())
+        assert manifest["precision"] == precision and manifest["parity"]["passed"]
