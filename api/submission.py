@@ -102,11 +102,11 @@ def prepare_job(
         plan = plan_routes(source.format, spec, registry, default_name=default_model_name(model.path))
         _tensorrt_preflight(source, spec)
     source_key = f"sources/{model.sha256}"
-    store.put_dir(source_key, model.path.parent)
+    store.put_dir(source_key, model.path.parent, move=True)  # the upload's own directory, discarded next
     calibration_key = None
     if calibration is not None:
         calibration_key = f"sources/{calibration.sha256}"
-        store.put_dir(calibration_key, calibration.path.parent)
+        store.put_dir(calibration_key, calibration.path.parent, move=True)
     return NewJob(
         name=spec.name or default_model_name(model.path),
         spec=spec.model_dump(mode="json"),

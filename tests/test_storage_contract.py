@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import threading
 import time
 import uuid
@@ -103,6 +104,15 @@ class ArtifactStoreContract:
         assert tree(got) == tree(nested_dir)
         assert (got / "big.bin").stat().st_size == BIG
         assert not (got / ".kiln-complete").exists()
+
+    def test_put_with_move_stores_the_same_tree(self, store, nested_dir: Path, tmp_path: Path) -> None:
+        # ``move`` lets a backend take the directory over; what is stored is the same either way.
+        expected = tree(nested_dir)
+        work = tmp_path / "work"
+        shutil.copytree(nested_dir, work)
+        store.put_dir("steps/moved", work, move=True)
+        assert store.exists("steps/moved")
+        assert tree(store.fetch_dir("steps/moved", tmp_path / "out")) == expected
 
     def test_missing_key(self, store, tmp_path: Path) -> None:
         assert not store.exists("steps/nope")
@@ -376,6 +386,38 @@ class TestLocalArtifactStore(ArtifactStoreContract):
                 p.write_bytes(data)
 
         return write
+
+    def test_move_renames_on_one_filesystem_and_copies_otherwise(
+        self, store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        src = tmp_path / "out"
+        src.mkdir()
+        (src / "model.onnx").write_bytes(b"m" * 1000)
+        inode = (src / "model.onnx").stat().st_ino
+        store.put_dir("steps/renamed", src, move=True)
+        assert not src.exists()  # taken over: the same file, not a copy
+        assert (store.root / "steps" / "renamed" / "model.onnx").stat().st_ino == inode
+        # A tree with a symbolic link is copied (the link resolved), never renamed.
+        linked = tmp_path / "linked"
+        linked.mkdir()
+        (linked / "model.onnx").write_bytes(b"x")
+        (linked / "alias.onnx").symlink_to(linked / "model.onnx")
+        store.put_dir("steps/linked", linked, move=True)
+        assert linked.exists() and not (store.root / "steps" / "linked" / "alias.onnx").is_symlink()
+        # Across filesystems rename fails (EXDEV): the tree is copied and stays in place.
+        other = tmp_path / "other"
+        other.mkdir()
+        (other / "model.onnx").write_bytes(b"y")
+
+        def exdev(a, b):
+            raise OSError(18, "Invalid cross-device link")
+
+        import services.storage.local as local_module
+
+        real = os.rename
+        monkeypatch.setattr(local_module.os, "rename", lambda a, b: exdev(a, b) if Path(a) == other else real(a, b))
+        store.put_dir("steps/copied", other, move=True)
+        assert other.exists() and (store.root / "steps" / "copied" / "model.onnx").read_bytes() == b"y"
 
 
 class TestLocalModelRepository(ModelRepositoryContract):

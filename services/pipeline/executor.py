@@ -193,7 +193,9 @@ def run_step(
     art.save()
     if key is None:
         return StepOutcome(step.id, None, art, False, seconds, art.meta)
-    store.put_dir(key, art.root)
+    # The step's own output directory is scratch: a local store may take it over instead of
+    # copying it. Anything else (a step handing back a directory it did not write) is copied.
+    store.put_dir(key, art.root, move=Path(art.root).resolve() == out_dir.resolve())
     stored = store.local_path(key)
     if stored is not None:
         art = Artifact.load(stored)

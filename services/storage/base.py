@@ -22,8 +22,13 @@ class ArtifactStore(abc.ABC):
         """Return True when ``key`` holds a complete directory."""
 
     @abc.abstractmethod
-    def put_dir(self, key: str, local_dir: Path) -> str:
-        """Store the contents of ``local_dir`` under ``key``; return its URI."""
+    def put_dir(self, key: str, local_dir: Path, *, move: bool = False) -> str:
+        """Store the contents of ``local_dir`` under ``key``; return its URI.
+
+        ``move``: the caller discards ``local_dir`` afterwards, so a backend may take it
+        over instead of copying it (``local_dir`` is then gone). Backends that cannot
+        (another filesystem, object storage) copy, and leave ``local_dir`` in place.
+        """
 
     @abc.abstractmethod
     def fetch_dir(self, key: str, dest: Path) -> Path:

@@ -30,13 +30,14 @@ class LocalArtifactStore(ArtifactStore):
     def exists(self, key: str) -> bool:
         return (self._dir(key) / _COMPLETE).exists()
 
-    def put_dir(self, key: str, local_dir: Path) -> str:
+    def put_dir(self, key: str, local_dir: Path, *, move: bool = False) -> str:
         final = self._dir(key)
         if self.exists(key):
             return self.uri(key)
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.parent / f".tmp-{final.name}-{uuid.uuid4().hex}"
-        shutil.copytree(local_dir, tmp)
+        if not (move and _rename_tree(Path(local_dir), tmp)):
+            shutil.copytree(local_dir, tmp)
         (tmp / _COMPLETE).touch()
         try:
             os.rename(tmp, final)
@@ -65,3 +66,20 @@ class LocalArtifactStore(ArtifactStore):
 
     def delete(self, key: str) -> None:
         shutil.rmtree(self._dir(key), ignore_errors=True)
+
+
+def _rename_tree(src: Path, dest: Path) -> bool:
+    """Move ``src`` to ``dest`` with one rename; False when it cannot (another filesystem).
+
+    A step's output and an upload are gigabytes for large models; a rename makes storing
+    them free where the scratch space and the store share a filesystem (the defaults do).
+    Symbolic links are resolved by the copy but would survive a rename pointing into
+    scratch space that is about to go, so a tree holding any is copied.
+    """
+    if any(p.is_symlink() for p in src.rglob("*")):
+        return False
+    try:
+        os.rename(src, dest)
+    except OSError:  # EXDEV across filesystems, or anything else: copy instead
+        return False
+    return True

@@ -80,7 +80,8 @@ class S3ArtifactStore(ArtifactStore):
                 raise
         return True
 
-    def put_dir(self, key: str, local_dir: Path) -> str:
+    def put_dir(self, key: str, local_dir: Path, *, move: bool = False) -> str:
+        del move  # objects are uploaded; the local directory stays for the caller to discard
         if self.exists(key):
             return self.uri(key)
         local_dir = Path(local_dir)
