@@ -167,3 +167,24 @@ def test_savedmodel_tar_extracts_to_loadable_dir(tmp_path: Path) -> None:
     src = open_source(path, tmp_path / "work")
     assert src.format is Format.SAVEDMODEL
     assert (src.path / "saved_model.pb").read_bytes() == b"abc"
+
+
+def test_saving_with_external_data_leaves_the_model_whole(cnn_onnx: Path, tmp_path: Path) -> None:
+    # Past the size threshold weights go to <name>.data; the caller's model keeps its weights
+    # (onnx's own save strips them, which left the optimiser a model pointing at a deleted file).
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    from services.onnx_io import load_onnx, save_onnx
+
+    model = load_onnx(cnn_onnx)
+    before = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    files = save_onnx(model, tmp_path / "m.onnx", threshold=0)
+    assert [f.name for f in files] == ["m.onnx", "m.onnx.data"] and files[1].stat().st_size > 0
+    for t in model.graph.initializer:
+        assert t.data_location == onnx.TensorProto.DEFAULT and not t.external_data
+        np.testing.assert_array_equal(numpy_helper.to_array(t), before[t.name])
+    reloaded = load_onnx(files[0])
+    for t in reloaded.graph.initializer:
+        np.testing.assert_array_equal(numpy_helper.to_array(t), before[t.name])

@@ -26,9 +26,11 @@ VERIFY_SAMPLES = 2
 def output_check(model: onnx.ModelProto, spec: CompileSpec) -> tuple[OutputCheck | None, str | None]:
     """Return the safety net for ``model`` (seeded random feeds shaped by the spec), or why there is none."""
     try:
-        inputs = session_inputs(ort_session(model))
-        feeds, _ = make_validation_inputs(inputs, spec)
-        return OutputCheck.for_model(model, feeds[:VERIFY_SAMPLES]), None
+        # One session for the feeds' shapes and the expected outputs: building a session
+        # costs seconds for a model with gigabytes of weights.
+        session = ort_session(model)
+        feeds, _ = make_validation_inputs(session_inputs(session), spec)
+        return OutputCheck.for_model(model, feeds[:VERIFY_SAMPLES], session=session), None
     except Exception as exc:
         return None, f"the source model does not run on generated inputs: {type(exc).__name__}: {str(exc)[:300]}"
 
