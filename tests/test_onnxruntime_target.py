@@ -94,3 +94,20 @@ def test_parity_failure_is_reported_with_numbers(cnn_onnx: Path, store, reposito
     assert target.error["code"] == "PARITY_FAILED"
     assert target.parity["outputs"][0]["max_abs"] > 0
     assert target.published is None
+
+
+def test_fp32_artifact_is_the_optimised_model_copied_with_its_external_data(cnn_onnx: Path, tmp_path: Path) -> None:
+    from services.exporters.onnxruntime import _write_fp32
+    from services.onnx_io import load_onnx, save_onnx
+
+    src_dir, out = tmp_path / "optimize", tmp_path / "out"
+    src_dir.mkdir()
+    out.mkdir()
+    files = save_onnx(load_onnx(cnn_onnx), src_dir / "model.onnx", threshold=0)  # weights in model.onnx.data
+    _write_fp32(files[0], out / "model.onnx")
+    for f in files:  # byte for byte: nothing parsed or re-encoded
+        assert (out / f.name).read_bytes() == f.read_bytes()
+    assert len(load_onnx(out / "model.onnx").graph.initializer) == len(load_onnx(cnn_onnx).graph.initializer)
+    # A source under its own name (optimize off) is loaded and saved under the artifact's.
+    _write_fp32(cnn_onnx, tmp_path / "fresh" / "model.onnx")
+    assert onnx.load(str(tmp_path / "fresh" / "model.onnx")).graph.node

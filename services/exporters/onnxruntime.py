@@ -7,11 +7,12 @@ the job's calibration data (or generated samples, labelled as such in the report
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
 
-from services.artifacts import Artifact
+from services.artifacts import DESCRIPTOR, Artifact
 from services.exporters._common import calibration_feeds, finish_export
 from services.formats import Format
 from services.onnx_io import load_onnx, save_onnx
@@ -83,6 +84,26 @@ def quantize_int8(src: Path, dst: Path, feeds: list[dict[str, np.ndarray]], scra
     return settings
 
 
+def _write_fp32(src: Path, dst: Path) -> None:
+    """Write the fp32 artifact: the input model itself.
+
+    When the input is a lone ``model.onnx`` (what the optimiser writes; its weights inline or
+    in ``model.onnx.data``), its files are copied as they are: parsing and re-encoding
+    hundreds of MiB of weights changes nothing and costs seconds. Any other layout (a
+    source's own file names, external data elsewhere) is loaded and saved.
+    """
+    data = src.with_name(src.name + ".data")
+    others = {
+        p.name for p in src.parent.iterdir() if p.is_file() and p.name != DESCRIPTOR and not p.name.startswith(".kiln")
+    } - {src.name, data.name}
+    if src.name == dst.name and not others:
+        shutil.copyfile(src, dst)
+        if data.exists():
+            shutil.copyfile(data, dst.with_name(data.name))
+        return
+    save_onnx(load_onnx(src), dst)
+
+
 def export_onnxruntime(ctx: StepContext) -> Artifact:
     """Write model.onnx at the job's precision, validated and benchmarked on onnxruntime."""
     precision = Precision(ctx.step.options.get("precision", ctx.spec.precision.value))
@@ -90,7 +111,7 @@ def export_onnxruntime(ctx: StepContext) -> Artifact:
     dst = ctx.out_dir / MODEL_FILE
     details: dict[str, object] = {}
     if precision is Precision.FP32:
-        save_onnx(load_onnx(src), dst)
+        _write_fp32(src, dst)
     elif precision is Precision.FP16:
         ctx.progress("converting to fp16 (fp32 inputs and outputs kept)")
         to_fp16(src, dst)
