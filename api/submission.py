@@ -52,17 +52,32 @@ def _open_vetted(path: Path, work: Path, override: Any, sha256: str) -> Detected
 def _tensorrt_preflight(source: DetectedSource, spec: CompileSpec) -> None:
     """Refuse an ONNX model TensorRT's parser cannot import now (422 UNSUPPORTED_OPS with the ops).
 
-    The export step checks again on the GPU worker (the model it builds is the optimised
-    one, and other sources reach ONNX only there); checking here means a job whose model
-    cannot build never waits in the GPU queue, which may have no worker at all. A few
-    milliseconds for real models (docs/benchmarks.md); the weights are not read.
+    The export step checks again on the GPU worker (other sources reach ONNX only there);
+    checking here means a job whose model cannot build never waits in the GPU queue, which
+    may have no worker at all. A few milliseconds for real models (docs/benchmarks.md); the
+    weights are not read. The worker builds the *optimised* model, and the optimiser may
+    remove what the check flags (an op on constants folded away, a dead branch), so a model
+    that fails as uploaded is optimised here and checked again before it is refused.
     """
     if source.format is not Format.ONNX or TargetName.TENSORRT not in spec.targets:
         return
     from services.exporters.tensorrt import variant_major
-    from services.tensorrt import require_tensorrt_support
+    from services.tensorrt import preflight, require_tensorrt_support
 
-    require_tensorrt_support(source.path, tensorrt_major=variant_major(spec.tensorrt_variant))
+    major = variant_major(spec.tensorrt_variant)
+    if preflight(source.path, tensorrt_major=major).ok:
+        return
+    model: Any = source.path
+    if spec.optimize:
+        from services.onnx_io import load_onnx
+        from services.passes.pipeline import optimize_model
+
+        try:
+            model, _ = optimize_model(load_onnx(source.path))
+        except Exception:  # the worker's own check decides then
+            log.warning("TensorRT pre-flight: could not optimise the upload to check it again", exc_info=True)
+            return
+    require_tensorrt_support(model, tensorrt_major=major)
 
 
 def prepare_job(

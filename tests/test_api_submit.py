@@ -376,3 +376,34 @@ def test_a_model_tensorrt_cannot_parse_is_refused_at_submit_with_its_ops(client:
     # The same model without the TensorRT target, and a model TensorRT can parse, are accepted.
     assert _post(client, "unique.onnx", _model_with_unique(), {"targets": ["onnxruntime"]}).status_code == 202
     assert _post(client, "cnn.onnx", cnn_onnx.read_bytes(), spec).status_code == 202
+
+
+def _model_with_foldable_unique() -> bytes:
+    """Unique (which TensorRT's parser refuses) only on a constant: constant folding removes it."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    const = numpy_helper.from_array(np.array([3.0, 1.0, 3.0, 2.0], np.float32), "c")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Unique", ["c"], ["u"], sorted=1),
+            helper.make_node("ReduceSum", ["u"], ["s"], keepdims=1),
+            helper.make_node("Add", ["x", "s"], ["y"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+        initializer=[const],
+    )
+    return bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+
+
+def test_tensorrt_pre_flight_judges_the_model_the_worker_will_build(client: TestClient) -> None:
+    # The GPU worker builds the optimised model, in which the Unique on a constant is folded away.
+    spec = {"targets": ["tensorrt"], "tensorrt_variant": "cu12"}
+    assert _post(client, "foldable.onnx", _model_with_foldable_unique(), spec).status_code == 202
+    # Without the optimiser the model is built as uploaded, Unique and all: refused now.
+    body = _refused(
+        client, 422, "UNSUPPORTED_OPS", "foldable.onnx", _model_with_foldable_unique(), {**spec, "optimize": False}
+    )
+    assert body["details"]["ops"] == {"Unique": 1}

@@ -108,6 +108,22 @@ def test_fp32_artifact_is_the_optimised_model_copied_with_its_external_data(cnn_
     for f in files:  # byte for byte: nothing parsed or re-encoded
         assert (out / f.name).read_bytes() == f.read_bytes()
     assert len(load_onnx(out / "model.onnx").graph.initializer) == len(load_onnx(cnn_onnx).graph.initializer)
+    # External data in a subfolder (a source directory or archive, optimize off) is loaded
+    # and saved: copying model.onnx alone would leave its weights behind.
+    nested = tmp_path / "nested"
+    (nested / "weights").mkdir(parents=True)
+    onnx.save_model(
+        load_onnx(cnn_onnx),
+        str(nested / "model.onnx"),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="weights/w.bin",
+        size_threshold=0,
+    )
+    _write_fp32(nested / "model.onnx", tmp_path / "nested-out" / "model.onnx")
+    assert len(load_onnx(tmp_path / "nested-out" / "model.onnx").graph.initializer) == len(
+        load_onnx(cnn_onnx).graph.initializer
+    )
     # A source under its own name (optimize off) is loaded and saved under the artifact's.
     _write_fp32(cnn_onnx, tmp_path / "fresh" / "model.onnx")
     assert onnx.load(str(tmp_path / "fresh" / "model.onnx")).graph.node

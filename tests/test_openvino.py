@@ -443,13 +443,16 @@ print("EVENTS", ",".join(events))
 """
 
 
-def test_conversions_send_no_openvino_telemetry(cnn_onnx: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("source", ["cnn_onnx", "cnn_ir"])
+def test_conversions_send_no_openvino_telemetry(source: str, request, tmp_path: Path) -> None:
     # A fresh HOME has no consent file, in which case OpenVINO reports every convert_model
-    # and NNCF call (without the opt-out, this job sent dozens of events). Only the event
-    # that importing openvino.tools.ovc sends before Kiln can opt out is left.
+    # and NNCF call (without the opt-out, the ONNX job sent dozens of events). Only the event
+    # that importing openvino.tools.ovc sends before Kiln can opt out is left. An IR source
+    # converts nothing: its first OpenVINO tool is NNCF in the int8 export.
     home = tmp_path / "home"
     home.mkdir()
-    args = [str(cnn_onnx), "--target", "openvino", "--precision", "int8", "--repo", str(tmp_path / "repo")]
+    model = request.getfixturevalue(source)
+    args = [str(model), "--target", "openvino", "--precision", "int8", "--repo", str(tmp_path / "repo")]
     env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "KILN_CACHE_DIR": str(tmp_path / "cache")}
     proc = subprocess.run(
         [sys.executable, "-c", _COUNT_TELEMETRY, "compile", *args, "--name", "m", "--no-benchmark"],

@@ -17,7 +17,7 @@ from services.errors import ConversionFailed, InvalidSpec, SourceUnreadable
 from services.formats import Format
 from services.pipeline.context import StepContext
 
-__all__ = ["IR_FILE", "onnx_to_ir", "save_ir", "savedmodel_to_ir", "tflite_to_ir"]
+__all__ = ["IR_FILE", "onnx_to_ir", "opt_out_of_telemetry", "save_ir", "savedmodel_to_ir", "tflite_to_ir"]
 
 IR_FILE = "model.xml"
 TOOL = "openvino.convert_model"
@@ -27,14 +27,14 @@ DEFAULT_SIGNATURE = "serving_default"
 def _ov() -> Any:
     import openvino as ov
 
-    _opt_out_of_telemetry()
+    opt_out_of_telemetry()
     return ov
 
 
 _TELEMETRY_OFF = False
 
 
-def _opt_out_of_telemetry() -> None:
+def opt_out_of_telemetry() -> None:
     """Keep ``convert_model`` from sending usage events (once per process).
 
     A compile service must not report its users' conversions to a third party, and the

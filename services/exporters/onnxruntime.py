@@ -90,13 +90,15 @@ def _write_fp32(src: Path, dst: Path) -> None:
     When the input is a lone ``model.onnx`` (what the optimiser writes; its weights inline or
     in ``model.onnx.data``), its files are copied as they are: parsing and re-encoding
     hundreds of MiB of weights changes nothing and costs seconds. Any other layout (a
-    source's own file names, external data elsewhere) is loaded and saved.
+    source's own file names, other files or folders beside it that external data may point
+    into) is loaded and saved.
     """
     data = src.with_name(src.name + ".data")
     others = {
         p.name for p in src.parent.iterdir() if p.is_file() and p.name != DESCRIPTOR and not p.name.startswith(".kiln")
     } - {src.name, data.name}
-    if src.name == dst.name and not others:
+    nested = any(p.is_dir() for p in src.parent.iterdir())  # external data may live in a subfolder
+    if src.name == dst.name and not others and not nested:
         shutil.copyfile(src, dst)
         if data.exists():
             shutil.copyfile(data, dst.with_name(data.name))

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from services.artifacts import Artifact
-from services.converters.openvino_ir import IR_FILE, save_ir
+from services.converters.openvino_ir import IR_FILE, opt_out_of_telemetry, save_ir
 from services.errors import ConversionFailed, SourceUnreadable
 from services.exporters._common import calibration_feeds, finish_export
 from services.formats import Format
@@ -139,6 +139,7 @@ def activation_ranges(specs: list[TensorSpec], attention: bool) -> str:
 
 def quantize_int8(model: Any, feeds: list[dict[str, np.ndarray]]) -> tuple[Any, dict[str, Any]]:
     """Return ``model`` quantised to int8 by NNCF on ``feeds``, and the settings used."""
+    opt_out_of_telemetry()  # NNCF reports through OpenVINO's telemetry too; this may be the process's first use
     import nncf
     from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters
     from nncf.quantization.range_estimator import RangeEstimatorParametersSet
