@@ -62,22 +62,23 @@ def _tensorrt_preflight(source: DetectedSource, spec: CompileSpec) -> None:
     if source.format is not Format.ONNX or TargetName.TENSORRT not in spec.targets:
         return
     from services.exporters.tensorrt import variant_major
-    from services.tensorrt import preflight, require_tensorrt_support
+    from services.tensorrt.preflight import preflight, raise_if_unsupported
 
     major = variant_major(spec.tensorrt_variant)
-    if preflight(source.path, tensorrt_major=major).ok:
+    report = preflight(source.path, tensorrt_major=major)
+    if report.ok:
         return
-    model: Any = source.path
     if spec.optimize:
         from services.onnx_io import load_onnx
         from services.passes.pipeline import optimize_model
 
         try:
-            model, _ = optimize_model(load_onnx(source.path))
+            optimized, _ = optimize_model(load_onnx(source.path))
         except Exception:  # the worker's own check decides then
             log.warning("TensorRT pre-flight: could not optimise the upload to check it again", exc_info=True)
             return
-    require_tensorrt_support(model, tensorrt_major=major)
+        report = preflight(optimized, tensorrt_major=major)
+    raise_if_unsupported(report)
 
 
 def prepare_job(

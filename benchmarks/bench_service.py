@@ -52,8 +52,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from jobs_support import (  # noqa: E402 - the tests' process helpers, reused
-    PG_ADMIN,
     Proc,
+    create_pg_database,
     free_port,
     redis_url,
     service_env,
@@ -72,31 +72,9 @@ def _median(xs: list[float]) -> float:
 
 def fresh_pg() -> str:
     """Create and migrate a PostgreSQL database of its own (dropped at exit); return its URL."""
-    import atexit
-    import uuid
-
-    import psycopg
-
     from services.jobs.migrate import upgrade
 
-    name = f"kiln_bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-
-    def drop() -> None:
-        from services.jobs.db import _ENGINES
-
-        for engine in list(_ENGINES.values()):
-            if name in str(engine.url):
-                engine.dispose()
-        try:
-            with psycopg.connect(PG_ADMIN, autocommit=True) as c:
-                c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        except Exception:
-            pass
-
-    atexit.register(drop)
-    url = f"postgresql://postgres@127.0.0.1:5432/{name}"
+    url = create_pg_database("kiln_bench")
     upgrade(url)
     return url
 

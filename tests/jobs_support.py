@@ -49,10 +49,15 @@ def pg_database() -> str:
     """Create this session's PostgreSQL database (once per process); return its URL."""
     if not _pg_up():
         pytest.fail(f"PostgreSQL is not answering at {PG_ADMIN} (KILN_TEST_POSTGRES); run .ci/run, which starts it")
+    return create_pg_database("kiln_test")
+
+
+def create_pg_database(prefix: str) -> str:
+    """Create a PostgreSQL database of its own, dropped at exit; return its URL."""
     import psycopg
     from sqlalchemy.engine import make_url
 
-    name = f"kiln_test_{uuid.uuid4().hex[:10]}"
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
 

@@ -160,3 +160,14 @@ def export_again(result, spec, store, repository) -> dict[str, dict]:
         if t.error:
             raise KilnError.from_dict(t.error)
     return {t.value: again.steps[f"export:{t.value}"].meta for t in spec.targets}
+
+
+def assert_parity_passed(parity: dict, precision: str) -> None:
+    """Assert a parity report passed on 4 samples, inside the bounds the route tests hold every artifact to."""
+    assert parity["passed"], parity["failures"]
+    assert parity["samples"] == 4
+    bound = {"fp32": 1e-4, "fp16": 2e-2}.get(precision)
+    for out in parity["outputs"]:
+        if bound is not None:
+            assert out["max_abs"] <= bound, out
+        assert out["cosine"] >= {"fp32": 0.9999, "fp16": 0.999, "int8": 0.98}[precision], out

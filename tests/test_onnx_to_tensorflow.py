@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from models import BERT_VOCAB, export_again, tiny_bert_module
+from models import BERT_VOCAB, assert_parity_passed, export_again, tiny_bert_module
 
 from services.errors import ConversionFailed
 from services.formats import Format
@@ -97,16 +97,6 @@ def _spec(targets: list[str], precision: str = "fp32", **extra):
     )
 
 
-def _assert_passed(parity: dict, precision: str) -> None:
-    assert parity["passed"], parity["failures"]
-    assert parity["samples"] == 4
-    bound = {"fp32": 1e-4, "fp16": 2e-2}.get(precision)
-    for out in parity["outputs"]:
-        if bound is not None:
-            assert out["max_abs"] <= bound, out
-        assert out["cosine"] >= {"fp32": 0.9999, "fp16": 0.999, "int8": 0.98}[precision], out
-
-
 def _convert_meta(result) -> dict:
     (step_id,) = [s for s in result.steps if s.endswith(CONVERT)]
     return result.steps[step_id].meta
@@ -129,7 +119,7 @@ def test_transformer_block_keeps_dynamic_batch(block_job, transformer_onnx) -> N
     result, repository = block_job
     for target in ("tflite", "tfserving"):
         assert result.targets[target].status == "succeeded", result.targets[target].error
-        _assert_passed(result.targets[target].parity, "fp32")
+        assert_parity_passed(result.targets[target].parity, "fp32")
     assert "optimize/onnx-to-savedmodel" in result.plan.shared  # converted once for both targets
 
     meta = _convert_meta(result)
@@ -166,7 +156,7 @@ def test_transformer_block_fp16_and_int8(block_job, shared_store, work) -> None:
     for precision, targets in (("fp16", ["tflite", "tfserving"]), ("int8", ["tflite", "tfserving"])):
         metas = export_again(result, _spec(targets, precision), shared_store, repository)
         for target in targets:
-            _assert_passed(metas[target]["parity"], precision)
+            assert_parity_passed(metas[target]["parity"], precision)
             assert metas[target]["precision"] == precision
 
 
@@ -178,7 +168,7 @@ def test_bert_exported_program_at_fixed_shapes(bert_job) -> None:
     for target in ("tflite", "tfserving"):
         assert result.targets[target].status == "succeeded", result.targets[target].error
         parity = result.targets[target].parity
-        _assert_passed(parity, "fp32")
+        assert_parity_passed(parity, "fp32")
         assert [o["name"] for o in parity["outputs"]] == ["last_hidden_state", "pooler_output"]
     assert result.plan.routes["tflite"] == "torch_export → onnx → optimize → savedmodel ⇒ tflite"
 
@@ -222,7 +212,7 @@ def test_bert_fp16_and_int8(bert_job, shared_store, work) -> None:
     for precision, targets in (("fp16", ["tflite", "tfserving"]), ("int8", ["tflite", "tfserving"])):
         metas = export_again(result, _spec(targets, precision), shared_store, repository)
         for target in targets:
-            _assert_passed(metas[target]["parity"], precision)
+            assert_parity_passed(metas[target]["parity"], precision)
             assert metas[target]["precision"] == precision
 
 

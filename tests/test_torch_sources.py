@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from models import BERT_VOCAB, export_again, tiny_bert_module, tiny_cnn_module
+from models import BERT_VOCAB, assert_parity_passed, export_again, tiny_bert_module, tiny_cnn_module
 
 from services.errors import InvalidSpec, UnsafeInput
 from services.formats import Format
@@ -114,16 +114,6 @@ def _onnx_dims(path: Path) -> dict[str, list[object]]:
     }
 
 
-def _assert_passed(parity: dict, precision: str) -> None:
-    assert parity["passed"], parity["failures"]
-    assert parity["samples"] == 4
-    bound = {"fp32": 1e-4, "fp16": 2e-2}.get(precision)
-    for out in parity["outputs"]:
-        if bound is not None:
-            assert out["max_abs"] <= bound, out
-        assert out["cosine"] >= {"fp32": 0.9999, "fp16": 0.999, "int8": 0.98}[precision], out
-
-
 # --------------------------------------------------------------------------- CNN to onnxruntime
 
 
@@ -133,7 +123,7 @@ def test_cnn_torchscript_to_onnxruntime(cnn, precision, shared_store, repository
     target = result.targets["onnxruntime"]
     assert target.status == "succeeded", target.error
     assert result.plan.routes["onnxruntime"] == "torchscript → onnx ⇒ onnxruntime"
-    _assert_passed(target.parity, precision)
+    assert_parity_passed(target.parity, precision)
     assert target.parity["outputs"][0]["top1"] >= (1.0 if precision == "fp32" else 0.75)
     published = repo_dir / "m" / "1" / "model.onnx"
     assert published.is_file()
@@ -148,13 +138,13 @@ def test_cnn_exported_program_to_onnxruntime_all_precisions(cnn, shared_store, r
     target = result.targets["onnxruntime"]
     assert target.status == "succeeded", target.error
     assert result.plan.routes["onnxruntime"] == "torch_export → onnx ⇒ onnxruntime"
-    _assert_passed(target.parity, "fp32")
+    assert_parity_passed(target.parity, "fp32")
     dims = _onnx_dims(repo_dir / "m" / "1" / "model.onnx")
     assert dims["x"][1:] == [3, 32, 32] and isinstance(dims["x"][0], str)  # the program's dynamic batch
     assert dims["output"][1:] == [10]
     for precision in ("fp16", "int8"):
         meta = export_again(result, _spec(["onnxruntime"], precision), shared_store, repository)
-        _assert_passed(meta["onnxruntime"]["parity"], precision)
+        assert_parity_passed(meta["onnxruntime"]["parity"], precision)
         assert meta["onnxruntime"]["precision"] == precision
     assert sorted(p.name for p in (repo_dir / "m").iterdir() if p.is_dir()) == ["1", "2", "3"]
 
@@ -168,7 +158,7 @@ def test_bert_exported_program_to_onnxruntime_all_precisions(
     result = _compile(bert["pt2"], _spec(["onnxruntime"]), shared_store, repository)
     target = result.targets["onnxruntime"]
     assert target.status == "succeeded", target.error
-    _assert_passed(target.parity, "fp32")
+    assert_parity_passed(target.parity, "fp32")
     # Names follow the program: kwargs in, ModelOutput keys out (made a plain dict on load).
     assert [o["name"] for o in target.parity["outputs"]] == ["last_hidden_state", "pooler_output"]
     dims = _onnx_dims(repo_dir / "m" / "1" / "model.onnx")
@@ -181,7 +171,7 @@ def test_bert_exported_program_to_onnxruntime_all_precisions(
     ]
     for precision in ("fp16", "int8"):
         meta = export_again(result, _spec(["onnxruntime"], precision), shared_store, repository)
-        _assert_passed(meta["onnxruntime"]["parity"], precision)
+        assert_parity_passed(meta["onnxruntime"]["parity"], precision)
 
 
 def test_bert_exported_program_to_openvino_all_precisions(bert, shared_store, repository) -> None:
@@ -189,11 +179,11 @@ def test_bert_exported_program_to_openvino_all_precisions(bert, shared_store, re
     target = result.targets["openvino"]
     assert target.status == "succeeded", target.error
     assert result.plan.routes["openvino"] == "torch_export → onnx → openvino_ir ⇒ openvino"
-    _assert_passed(target.parity, "fp32")
+    assert_parity_passed(target.parity, "fp32")
     assert [o["name"] for o in target.parity["outputs"]] == ["last_hidden_state", "pooler_output"]
     for precision in ("fp16", "int8"):
         meta = export_again(result, _spec(["openvino"], precision), shared_store, repository)
-        _assert_passed(meta["openvino"]["parity"], precision)
+        assert_parity_passed(meta["openvino"]["parity"], precision)
 
 
 def test_bert_traced_torchscript_dict_outputs_and_dynamic_sequence(bert, shared_store, repository, repo_dir) -> None:
@@ -202,7 +192,7 @@ def test_bert_traced_torchscript_dict_outputs_and_dynamic_sequence(bert, shared_
     result = _compile(bert["traced"], spec, shared_store, repository)
     target = result.targets["onnxruntime"]
     assert target.status == "succeeded", target.error
-    _assert_passed(target.parity, "fp32")
+    assert_parity_passed(target.parity, "fp32")
     assert [o["name"] for o in target.parity["outputs"]] == ["last_hidden_state", "pooler_output"]
     convert = result.steps["torchscript-to-onnx"].meta
     assert convert["flattened_outputs"] is True  # the traced module returns a dict
@@ -242,7 +232,7 @@ def test_scripted_torchscript_with_spec_profile(cnn, shared_store, repository, r
     result = _compile(cnn["scripted"], spec, shared_store, repository)
     target = result.targets["onnxruntime"]
     assert target.status == "succeeded", target.error
-    _assert_passed(target.parity, "fp32")
+    assert_parity_passed(target.parity, "fp32")
     assert _onnx_dims(repo_dir / "m" / "1" / "model.onnx")["x"] == ["batch", 3, "x_dim2", "x_dim3"]
     assert result.steps["reference"].meta["signature"]["inputs"][0]["shape"] == [None, 3, None, None]
 
@@ -306,10 +296,10 @@ def test_cnn_torchscript_to_openvino_all_precisions(cnn, shared_store, repositor
     target = result.targets["openvino"]
     assert target.status == "succeeded", target.error
     assert result.plan.routes["openvino"] == "torchscript → onnx → openvino_ir ⇒ openvino"
-    _assert_passed(target.parity, "fp32")
+    assert_parity_passed(target.parity, "fp32")
     for precision in ("fp16", "int8"):
         meta = export_again(result, _spec(["openvino"], precision), shared_store, repository)
-        _assert_passed(meta["openvino"]["parity"], precision)
+        assert_parity_passed(meta["openvino"]["parity"], precision)
 
 
 def test_cnn_torchscript_to_tflite_and_tfserving(cnn, shared_store, repository, tmp_path) -> None:
@@ -318,14 +308,14 @@ def test_cnn_torchscript_to_tflite_and_tfserving(cnn, shared_store, repository, 
         target = result.targets[name]
         assert target.status == "succeeded", target.error
         assert result.plan.routes[name] == f"torchscript → onnx → savedmodel ⇒ {name}"
-        _assert_passed(target.parity, "fp32")
+        assert_parity_passed(target.parity, "fp32")
     assert "torchscript-to-onnx/onnx-to-savedmodel" in result.plan.shared  # converted once for both
     meta = export_again(result, _spec(["tflite", "tfserving"], "fp16"), shared_store, repository)
-    _assert_passed(meta["tflite"]["parity"], "fp16")
-    _assert_passed(meta["tfserving"]["parity"], "fp16")
+    assert_parity_passed(meta["tflite"]["parity"], "fp16")
+    assert_parity_passed(meta["tfserving"]["parity"], "fp16")
     meta = export_again(result, _spec(["tflite", "tfserving"], "int8"), shared_store, repository)
-    _assert_passed(meta["tflite"]["parity"], "int8")
-    _assert_passed(meta["tfserving"]["parity"], "int8")
+    assert_parity_passed(meta["tflite"]["parity"], "int8")
+    assert_parity_passed(meta["tfserving"]["parity"], "int8")
 
 
 def test_spec_opset_reaches_the_exported_onnx(cnn, shared_store, repository, repo_dir) -> None:
@@ -355,7 +345,7 @@ def test_cnn_exported_program_to_the_other_cpu_engines(cnn, shared_store, reposi
         target = result.targets[name]
         assert target.status == "succeeded", target.error
         assert result.plan.routes[name].startswith("torch_export → onnx → "), result.plan.routes[name]
-        _assert_passed(target.parity, "fp32")
+        assert_parity_passed(target.parity, "fp32")
 
 
 # --------------------------------------------------------------------------- pickles refused
@@ -738,4 +728,4 @@ def test_torch_onnx_goes_through_the_onnx_optimizer(model, kind, cnn, bert, shar
     target = result.targets["onnxruntime"]
     assert target.status == "succeeded", target.error
     assert target.route.endswith("→ onnx → optimize ⇒ onnxruntime")
-    _assert_passed(target.parity, "fp32")
+    assert_parity_passed(target.parity, "fp32")

@@ -29,7 +29,7 @@ from services.onnx_io import load_onnx
 from services.tensorrt.onnx_support import ParserSupport, parser_support
 from services.tensorrt.restrictions import node_problems
 
-__all__ = ["PreflightReport", "preflight", "require_tensorrt_support"]
+__all__ = ["PreflightReport", "preflight", "raise_if_unsupported", "require_tensorrt_support"]
 
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 #: How many restriction / dtype entries an error carries; the counts are always complete.
@@ -255,6 +255,12 @@ def preflight(model: onnx.ModelProto | Path, *, tensorrt_major: int) -> Prefligh
 def require_tensorrt_support(model: onnx.ModelProto | Path, *, tensorrt_major: int) -> PreflightReport:
     """Return the pre-flight report; UNSUPPORTED_OPS with the op list when TensorRT would refuse the model."""
     report = preflight(model, tensorrt_major=tensorrt_major)
+    raise_if_unsupported(report)
+    return report
+
+
+def raise_if_unsupported(report: PreflightReport) -> None:
+    """Raise UNSUPPORTED_OPS with the op list when ``report`` says TensorRT would refuse the model."""
     if not report.ok:
         raise UnsupportedOps(
             f"TensorRT {report.tensorrt}'s ONNX parser cannot import this model: {report.summary()}",
@@ -265,4 +271,3 @@ def require_tensorrt_support(model: onnx.ModelProto | Path, *, tensorrt_major: i
             ),
             **report.to_dict(),
         )
-    return report
