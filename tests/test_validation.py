@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -9,8 +10,9 @@ import pytest
 
 from services.errors import InvalidSpec, ParityFailed
 from services.runners import TensorSpec
-from services.spec import Tolerances, load_spec
+from services.spec import DEFAULT_TOLERANCES, Precision, Tolerances, load_spec
 from services.validation import check_parity, compare_outputs, load_calibration, make_validation_inputs, resolve_shape
+from services.validation.parity import OutputParity, verdict_failures
 
 
 def test_metrics_are_computed() -> None:
@@ -76,3 +78,68 @@ def test_calibration_matched_by_name(tmp_path: Path) -> None:
     (tmp_path / "junk.npz").write_bytes(b"junk")
     with pytest.raises(InvalidSpec, match="not a readable"):
         load_calibration(tmp_path / "junk.npz", [a])
+
+
+_RELAXED = Tolerances(atol=1e9, rtol=1e9, min_cosine=-1.0, min_top1=0.0)
+
+
+@pytest.mark.parametrize(
+    "tol",
+    [
+        DEFAULT_TOLERANCES[Precision.FP32],
+        DEFAULT_TOLERANCES[Precision.FP16],
+        DEFAULT_TOLERANCES[Precision.INT8],
+        _RELAXED,
+    ],
+    ids=["fp32", "fp16", "int8", "relaxed"],
+)
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("where", ["one", "all"])
+def test_nonfinite_values_the_source_lacks_fail_at_every_tolerance(tol: Tolerances, bad: float, where: str) -> None:
+    rng = np.random.default_rng(0)
+    ref = [{"y": rng.standard_normal((2, 5)).astype(np.float32)} for _ in range(3)]
+    act = [{"y": r["y"].copy()} for r in ref]
+    if where == "all":
+        for a in act:
+            a["y"][:] = bad
+    else:
+        act[1]["y"][0, 2] = bad
+    report = check_parity(act, ref, tol, inputs_from="t", raise_on_failure=False)
+    assert report.passed is False
+    out = report.outputs[0]
+    assert out.nonfinite == (30 if where == "all" else 1) and out.values == 30
+    assert any("NaN or infinite" in f for f in report.failures)
+    assert "no tolerance accepts" in (report.hint() or "")
+    # The report stays JSON-safe and its metrics stay numbers (taken over the finite values).
+    assert json.loads(json.dumps(report.to_dict()))["outputs"][0]["nonfinite"] == out.nonfinite
+    with pytest.raises(ParityFailed) as exc:
+        check_parity(act, ref, tol, inputs_from="t")
+    assert exc.value.details["parity"]["passed"] is False
+
+
+def test_nonfinite_values_the_source_has_too_agree() -> None:
+    ref = [{"y": np.array([[1.0, np.nan, np.inf, -np.inf]], np.float32)}]
+    report = check_parity(ref, ref, DEFAULT_TOLERANCES[Precision.FP32], inputs_from="t", raise_on_failure=False)
+    assert report.passed, report.failures
+    assert report.outputs[0].nonfinite == 0 and report.outputs[0].cosine == 1.0
+    # NaN where the source has +inf, or a number where the source has NaN, is a disagreement.
+    swapped = [{"y": np.array([[1.0, 2.0, np.nan, -np.inf]], np.float32)}]
+    report = check_parity(swapped, ref, _RELAXED, inputs_from="t", raise_on_failure=False)
+    assert not report.passed and report.outputs[0].nonfinite == 2
+
+
+def test_a_nan_metric_cannot_pass_a_bound() -> None:
+    # Every bound fails a NaN metric, however the metric came to be NaN.
+    nan_out = OutputParity("y", 0.0, 0.0, float("nan"), float("nan"), True, values=4)
+    failures = verdict_failures([nan_out], _RELAXED)
+    assert any("cosine" in f for f in failures) and any("top-1" in f for f in failures)
+
+
+@pytest.mark.parametrize("tol", [DEFAULT_TOLERANCES[Precision.INT8], _RELAXED], ids=["int8", "relaxed"])
+def test_nothing_compared_is_a_failure(tol: Tolerances) -> None:
+    no_outputs = check_parity([{}, {}], [{}, {}], tol, inputs_from="t", raise_on_failure=False)
+    assert not no_outputs.passed and "nothing to compare" in no_outputs.failures[0]
+    empty = [{"y": np.zeros((1, 0), np.float32)}]
+    assert not check_parity(empty, empty, tol, inputs_from="t", raise_on_failure=False).passed
+    with pytest.raises(ParityFailed, match="no samples"):
+        check_parity([], [], tol, inputs_from="t")

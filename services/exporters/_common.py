@@ -73,6 +73,7 @@ def finish_export(
         if not parity.passed:
             raise ParityFailed(
                 f"{ctx.step.target} {precision.value} artifact differs from the source: " + "; ".join(parity.failures),
+                hint=parity.hint(),
                 parity=parity.to_dict(),
                 target=ctx.step.target,
             )
