@@ -93,6 +93,9 @@ class TargetPublic(BaseModel):
     error: ErrorPublic | None = None
     parity: dict[str, Any] | None = None
     benchmark: list[dict[str, Any]] = Field(default_factory=list)
+    warnings: list[str] = Field(
+        default_factory=list, description="Fallbacks the export took (e.g. dynamic-range int8), also in the manifest."
+    )
     published: dict[str, Any] | None = Field(default=None, description="Repository name, version and URI.")
     artifact_uri: str | None = None
     download_url: str | None = Field(default=None, description="GET this for a tar of the exported artifact.")

@@ -13,7 +13,17 @@ from services.storage.base import ArtifactStore
 
 __all__ = ["job_public"]
 
-_REPORT_KEYS = ("parity", "benchmark", "published", "passes", "precision", "format", "engine_details", "reused")
+_REPORT_KEYS = (
+    "parity",
+    "benchmark",
+    "published",
+    "passes",
+    "precision",
+    "format",
+    "engine_details",
+    "reused",
+    "warnings",
+)
 
 
 def _error(body: dict[str, Any] | None) -> ErrorPublic | None:
@@ -93,6 +103,7 @@ def job_public(job: Job, store: ArtifactStore) -> JobPublic:
                 error=_error(res.get("error")) if status != "succeeded" else None,
                 parity=res.get("parity"),
                 benchmark=res.get("benchmark") or [],
+                warnings=res.get("warnings") or [],
                 published=res.get("published"),
                 artifact_uri=_uri(store, export_key),
                 download_url=f"/jobs/{job.id}/artifacts/{target}" if export_key else None,
@@ -108,6 +119,7 @@ def job_public(job: Job, store: ArtifactStore) -> JobPublic:
             error=_error(failed.error) if failed is not None else None,
             parity=meta.get("parity"),
             benchmark=meta.get("benchmark") or [],
+            warnings=meta.get("warnings") or [],
             artifact_uri=_uri(store, export_key),
             download_url=f"/jobs/{job.id}/artifacts/{target}" if export_key else None,
         )

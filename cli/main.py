@@ -143,6 +143,8 @@ def _summary_table(result: Any) -> Table:
         status = (
             "[green]succeeded[/]" if t.status == "succeeded" else f"[red]{t.error['code'] if t.error else t.status}[/]"
         )
+        if t.warnings:
+            status += f" [yellow]({len(t.warnings)} warning{'s' if len(t.warnings) > 1 else ''})[/]"
         latency = "-"
         if t.benchmark:
             b = t.benchmark[0]
@@ -225,6 +227,9 @@ def compile_cmd(
         )
     else:
         out.print(_summary_table(result))
+        for t in result.targets.values():
+            for warning in t.warnings:
+                out.print(f"[yellow]warning[/] {t.target}: {warning}")
     if not result.ok:
         for t in result.targets.values():
             if t.error:

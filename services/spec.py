@@ -11,7 +11,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from services.errors import InvalidSpec
 from services.formats import Format
@@ -147,6 +147,13 @@ class CompileSpec(_Strict):
     calibration: str | None = Field(
         default=None, description="An .npz of arrays keyed by input name, for int8 calibration and parity inputs."
     )
+    integer_io: bool = Field(
+        default=False,
+        description=(
+            "int8 tflite only: int8 inputs and outputs (their scale and zero point in the manifest's io), "
+            "which needs calibration data. Otherwise every artifact takes and gives float32 at every precision."
+        ),
+    )
     tolerances: Tolerances = Field(default_factory=Tolerances, description="Parity bounds; unset = precision default.")
     benchmark: BenchmarkSpec | bool = Field(default_factory=BenchmarkSpec, description="true/false or settings.")
     validation: ValidationSpec = Field(default_factory=ValidationSpec)
@@ -163,6 +170,18 @@ class CompileSpec(_Strict):
     def _unique_targets(cls, v: list[TargetName]) -> list[TargetName]:
         if len(set(v)) != len(v):
             raise ValueError("targets must not repeat")
+        return v
+
+    @field_validator("integer_io")
+    @classmethod
+    def _integer_io_applies(cls, v: bool, info: ValidationInfo) -> bool:
+        # A field validator (not a model one) so that the error names the field.
+        precision, targets = info.data.get("precision"), info.data.get("targets") or []
+        if v and (precision is not Precision.INT8 or TargetName.TFLITE not in targets):
+            raise ValueError(
+                "integer inputs and outputs are an int8 tflite contract: set precision int8 and "
+                "include the tflite target, or leave integer_io false"
+            )
         return v
 
     @field_validator("benchmark")

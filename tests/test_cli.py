@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 KILN = str(Path(sys.executable).parent / "kiln")
@@ -174,3 +175,19 @@ def test_issue_matrix_through_the_command(model: str, precision: str, request, t
         assert files | {"kiln-manifest.json"} <= {p.name for p in version.iterdir()}
         manifest = json.loads((version / "kiln-manifest.json").read_text())
         assert manifest["precision"] == precision and manifest["parity"]["passed"]
+
+
+def test_an_int8_fallback_is_a_warning_in_the_summary(cnn_onnx: Path, tmp_path: Path) -> None:
+    # No calibration data: int8 is calibrated on generated samples, and the summary says so.
+    args = ["compile", str(cnn_onnx), "-t", "onnxruntime", "-p", "int8", "--no-benchmark", "--name", "m"]
+    proc = run(*args, "--repo", str(tmp_path / "repo"), "--cache-dir", str(tmp_path / "cache"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "(1 warning)" in proc.stdout
+    assert "warning onnxruntime: int8 was calibrated on generated samples" in proc.stdout
+    manifest = json.loads((tmp_path / "repo" / "m" / "1" / "kiln-manifest.json").read_text())
+    assert len(manifest["warnings"]) == 1 and "generated samples" in manifest["warnings"][0]
+    calib = tmp_path / "calib.npz"
+    np.savez(calib, input=np.random.default_rng(1).standard_normal((8, 3, 32, 32)).astype(np.float32))
+    proc = run(*args, "--calibration", str(calib), "--repo", str(tmp_path / "repo2"), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout)["targets"]["onnxruntime"]["warnings"] == []

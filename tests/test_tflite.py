@@ -65,6 +65,7 @@ def mlp_results(tf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
         ("fp16", "fp16", {}),
         ("int8-dynamic", "int8", {}),
         ("int8-full", "int8", {"calibration": str(calib)}),
+        ("int8-integer-io", "int8", {"calibration": str(calib), "integer_io": True}),
     ]:
         repo = LocalModelRepository(work / label)
         out[label] = (compile_model(src, _spec(["tflite"], precision, **extra), store=store, repository=repo), repo)
@@ -90,15 +91,68 @@ def test_precisions_pass_parity_and_shrink_the_file(mlp_results) -> None:
 
 
 def test_int8_kind_follows_calibration_data(mlp_results) -> None:
-    dynamic = read_manifest(mlp_results["int8-dynamic"][1], "m", 1)["engine_details"]["tflite"]
-    full = read_manifest(mlp_results["int8-full"][1], "m", 1)["engine_details"]["tflite"]
-    assert dynamic["mode"] == "dynamic-range int8" and "calibration_data" not in dynamic
-    assert dynamic["quantized_io"] == {"inputs": [], "outputs": []}
-    assert full["mode"] == "full-integer int8"
-    assert full["calibration_data"] == "calibration file" and full["calibration_samples"] == 24  # 8 of 32 held out
-    assert full["quantized_io"] == {"inputs": ["x"], "outputs": ["logits"]}
+    dynamic = read_manifest(mlp_results["int8-dynamic"][1], "m", 1)
+    full = read_manifest(mlp_results["int8-full"][1], "m", 1)
+    assert dynamic["engine_details"]["tflite"]["mode"] == "dynamic-range int8"
+    assert "calibration_data" not in dynamic["engine_details"]["tflite"]
+    assert dynamic["engine_details"]["tflite"]["quantized_io"] == {"inputs": [], "outputs": []}
+    assert full["engine_details"]["tflite"]["mode"] == "full-integer int8"
+    assert full["engine_details"]["tflite"]["io_contract"] == "float32 inputs and outputs"
+    assert full["engine_details"]["tflite"]["calibration_data"] == "calibration file"
+    assert full["engine_details"]["tflite"]["calibration_samples"] == 24  # 8 of 32 held out
     fp16 = read_manifest(mlp_results["fp16"][1], "m", 1)["engine_details"]["tflite"]
     assert fp16["mode"] == "float16 weights"
+
+
+def _tflite_io(path: Path) -> dict[str, np.dtype]:
+    """Return each signature tensor's dtype as the .tflite file declares it (read by LiteRT, not Kiln)."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    raw = Interpreter(model_path=str(path)).get_signature_runner("serving_default")
+    return {
+        **{n: d["dtype"] for n, d in raw.get_input_details().items()},
+        **{n: d["dtype"] for n, d in raw.get_output_details().items()},
+    }
+
+
+@pytest.mark.parametrize("label", ["fp32", "fp16", "int8-dynamic", "int8-full", "int8-integer-io"])
+def test_io_contract_is_float_unless_integer_io_and_the_manifest_tells_the_truth(mlp_results, label: str) -> None:
+    result, repo = mlp_results[label]
+    manifest = read_manifest(repo, "m", 1)
+    stored = _tflite_io(_published(result, "tflite") / "model.tflite")
+    want = np.int8 if label == "int8-integer-io" else np.float32
+    assert stored == {"x": want, "logits": want}
+    # The manifest states the file's own dtypes, and the scale of a quantized tensor.
+    io = {t["name"]: t for t in [*manifest["io"]["inputs"], *manifest["io"]["outputs"]]}
+    assert {n: np.dtype(t["dtype"]) for n, t in io.items()} == stored
+    assert all(("quantization" in t) == (want == np.int8) for t in io.values())
+    if want == np.int8:
+        assert io["x"]["quantization"]["scale"] > 0
+        assert manifest["engine_details"]["tflite"]["quantized_io"] == {"inputs": ["x"], "outputs": ["logits"]}
+        assert manifest["engine_details"]["tflite"]["io_contract"] == "int8 inputs and outputs"
+
+
+def test_int8_fallback_is_a_visible_warning(mlp_results) -> None:
+    dynamic_result, dynamic_repo = mlp_results["int8-dynamic"]
+    warnings = dynamic_result.targets["tflite"].warnings
+    assert len(warnings) == 1 and "fell back to dynamic-range int8" in warnings[0]
+    assert read_manifest(dynamic_repo, "m", 1)["warnings"] == warnings
+    for label in ("fp32", "int8-full", "int8-integer-io"):
+        result, repo = mlp_results[label]
+        assert result.targets["tflite"].warnings == [] and read_manifest(repo, "m", 1)["warnings"] == []
+
+
+def test_integer_io_needs_int8_tflite_and_calibration(tf_dir: Path, store, repository) -> None:
+    for bad in ({"targets": ["onnxruntime"], "precision": "int8"}, {"targets": ["tflite"], "precision": "fp16"}):
+        with pytest.raises(InvalidSpec) as exc:
+            load_spec({**bad, "integer_io": True})
+        assert exc.value.details["errors"][0]["field"] == "integer_io"
+    result = compile_model(
+        keras_mlp(tf_dir / "mlp.keras"), _spec(["tflite"], "int8", integer_io=True), store=store, repository=repository
+    )
+    target = result.targets["tflite"]
+    assert target.status == "failed" and target.error["code"] == "INVALID_SPEC"
+    assert "calibration" in target.error["message"] and target.published is None
 
 
 def test_runner_quantizes_int8_inputs_and_dequantizes_outputs(mlp_results, tf_dir: Path) -> None:
@@ -107,7 +161,7 @@ def test_runner_quantizes_int8_inputs_and_dequantizes_outputs(mlp_results, tf_di
     from services.runners.tensorflow import KerasRunner
     from services.runners.tflite import TFLiteRunner
 
-    path = _published(mlp_results["int8-full"][0], "tflite") / "model.tflite"
+    path = _published(mlp_results["int8-integer-io"][0], "tflite") / "model.tflite"
     raw = Interpreter(model_path=str(path)).get_signature_runner("serving_default")
     assert raw.get_input_details()["x"]["dtype"] == np.int8
     assert raw.get_output_details()["logits"]["dtype"] == np.int8

@@ -142,6 +142,7 @@ def test_issue_cli_line(tf_dir: Path, tmp_path: Path) -> None:
     assert [c.name for c in config.model_config_list.config] == ["NAME-tfserving"]
     tflite = json.loads((repo / "NAME-tflite" / "1" / "kiln-manifest.json").read_text())
     assert tflite["precision"] == "int8" and tflite["engine_details"]["tflite"]["mode"] == "full-integer int8"
+    assert [t["dtype"] for t in [*tflite["io"]["inputs"], *tflite["io"]["outputs"]]] == ["float32", "float32"]
     assert tflite["parity"]["passed"] is True and tflite["parity"]["inputs_from"] == "calibration"
     tfserving = json.loads((repo / "NAME-tfserving" / "1" / "kiln-manifest.json").read_text())
     assert tfserving["precision"] == "int8" and tfserving["parity"]["passed"] is True

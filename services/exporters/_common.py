@@ -16,7 +16,7 @@ from services.runners import ModelRunner, open_runner
 from services.spec import Precision
 from services.validation import check_parity
 
-__all__ = ["adapt_feed", "calibration_feeds", "finish_export"]
+__all__ = ["adapt_feed", "calibration_feeds", "calibration_warnings", "finish_export"]
 
 
 def adapt_feed(feed: dict[str, np.ndarray], runner: ModelRunner) -> dict[str, np.ndarray]:
@@ -40,6 +40,16 @@ def calibration_feeds(ref: ReferenceData) -> tuple[list[dict[str, np.ndarray]], 
     return ref.calibration, ref.calibration_from
 
 
+def calibration_warnings(label: str) -> list[str]:
+    """Return the warning an int8 artifact calibrated on generated samples carries (none for real data)."""
+    if label.startswith("generated"):
+        return [
+            "int8 was calibrated on generated samples, not real data: activation ranges may not match real "
+            "inputs; give `calibration` (an .npz of real inputs) for a trustworthy int8 artifact"
+        ]
+    return []
+
+
 def finish_export(
     ctx: StepContext,
     *,
@@ -49,11 +59,13 @@ def finish_export(
     serving: dict[str, Any],
     runner_options: dict[str, Any] | None = None,
     engine_details: dict[str, Any] | None = None,
+    warnings: list[str] | None = None,
 ) -> Artifact:
     """Validate the artifact at ``ctx.out_dir/entry`` against the reference, benchmark it, describe it.
 
     Raises PARITY_FAILED with the numbers when the artifact disagrees with the source beyond
-    the spec's tolerances for ``precision``.
+    the spec's tolerances for ``precision``. ``warnings`` (a fallback the exporter took, data
+    it had to make up) reach the manifest, the job's target result and the CLI summary.
     """
     ref = load_reference(ctx.reference)
     runner = open_runner(fmt, ctx.out_dir / entry, **(runner_options or {}))
@@ -81,7 +93,7 @@ def finish_export(
         if ctx.spec.bench.enabled:
             ctx.progress("benchmarking")
             bench = [b.to_dict() for b in benchmark_runner(runner, ctx.spec)]
-        io = {"inputs": [t.to_dict() for t in runner.inputs], "outputs": [t.to_dict() for t in runner.outputs]}
+        io = runner.io_contract()  # read from the artifact: what a serving client really feeds
     finally:
         runner.close()
     return Artifact(
@@ -97,5 +109,6 @@ def finish_export(
             "benchmark": bench,
             "serving": serving,
             "engine_details": engine_details or {},
+            "warnings": list(warnings or []),
         },
     )

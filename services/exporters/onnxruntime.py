@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from services.artifacts import DESCRIPTOR, Artifact
-from services.exporters._common import calibration_feeds, finish_export
+from services.exporters._common import calibration_feeds, calibration_warnings, finish_export
 from services.formats import Format
 from services.onnx_io import load_onnx, save_onnx
 from services.pipeline.context import StepContext
@@ -112,6 +112,7 @@ def export_onnxruntime(ctx: StepContext) -> Artifact:
     src = ctx.model.path
     dst = ctx.out_dir / MODEL_FILE
     details: dict[str, object] = {}
+    warnings: list[str] = []
     if precision is Precision.FP32:
         _write_fp32(src, dst)
     elif precision is Precision.FP16:
@@ -124,6 +125,13 @@ def export_onnxruntime(ctx: StepContext) -> Artifact:
         scratch = ctx.scratch / "ort-int8"
         scratch.mkdir(parents=True, exist_ok=True)
         details["int8"] = {**quantize_int8(src, dst, feeds, scratch), "calibration_data": label}
+        warnings = calibration_warnings(label)
     return finish_export(
-        ctx, fmt=Format.ONNX, entry=MODEL_FILE, precision=precision, serving=SERVING, engine_details=details
+        ctx,
+        fmt=Format.ONNX,
+        entry=MODEL_FILE,
+        precision=precision,
+        serving=SERVING,
+        engine_details=details,
+        warnings=warnings,
     )

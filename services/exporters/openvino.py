@@ -27,7 +27,7 @@ import numpy as np
 from services.artifacts import Artifact
 from services.converters.openvino_ir import IR_FILE, opt_out_of_telemetry, save_ir
 from services.errors import ConversionFailed, SourceUnreadable
-from services.exporters._common import calibration_feeds, finish_export
+from services.exporters._common import calibration_feeds, calibration_warnings, finish_export
 from services.formats import Format
 from services.pipeline.context import StepContext
 from services.pipeline.reference import load_reference
@@ -202,6 +202,7 @@ def export_openvino(ctx: StepContext) -> Artifact:
 
     precision = Precision(ctx.step.options.get("precision", ctx.spec.precision.value))
     model = _read_ir(ctx)
+    warnings: list[str] = []
     details: dict[str, Any] = {
         "openvino": ov.__version__,
         "parity_inference_precision": PARITY_INFERENCE_PRECISION,
@@ -231,6 +232,7 @@ def export_openvino(ctx: StepContext) -> Artifact:
             )
         save_ir(quantized, ctx.out_dir, compress_to_fp16=False)
         details["int8"] = {**settings, "calibration_data": label, "fake_quantize_ops": ops["FakeQuantize"]}
+        warnings = calibration_warnings(label)
     return finish_export(
         ctx,
         fmt=Format.OPENVINO_IR,
@@ -239,4 +241,5 @@ def export_openvino(ctx: StepContext) -> Artifact:
         serving=SERVING,
         runner_options={"inference_precision": PARITY_INFERENCE_PRECISION},
         engine_details=details,
+        warnings=warnings,
     )

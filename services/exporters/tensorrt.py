@@ -25,7 +25,7 @@ from typing import Any
 
 from services.artifacts import Artifact
 from services.errors import EngineUnavailable
-from services.exporters._common import calibration_feeds, finish_export
+from services.exporters._common import calibration_feeds, calibration_warnings, finish_export
 from services.formats import Format
 from services.graph.engines import TENSORRT_VARIANTS
 from services.onnx_io import load_onnx
@@ -147,4 +147,5 @@ def export_tensorrt(ctx: StepContext) -> Artifact:
         precision=precision,
         serving=serving_for(profile),
         engine_details=details,
+        warnings=calibration_warnings(prepared["int8"]["calibration_data"]) if "int8" in prepared else [],
     )

@@ -7,12 +7,17 @@ SavedModel internally anyway, and its Keras entry point cannot calibrate them) c
 
 int8 comes in two kinds, recorded in the report:
 
-- full-integer int8 when the spec gives calibration data: every tensor int8, inputs and
-  outputs int8 (the runner quantizes and dequantizes with their scales), calibrated on the
+- full-integer int8 when the spec gives calibration data: every op int8, calibrated on the
   reference step's rows of that file. The representative dataset yields dicts keyed by the
   signature's input names, so arrays meet inputs by name, never by position;
 - dynamic-range int8 otherwise: int8 weights, float activations. Calibrating on random
-  numbers would bake made-up activation ranges into the model, so Kiln does not.
+  numbers would bake made-up activation ranges into the model, so Kiln does not; the
+  artifact carries a warning saying so (manifest, job, CLI summary).
+
+The I/O contract is the same as every other target's: float32 inputs and outputs (the model
+quantizes and dequantizes at its boundary), unless the spec sets ``integer_io``, which gives
+full-integer int8 inputs and outputs and needs calibration data. The manifest's ``io`` is
+read from the .tflite file, so it states the dtypes (and scales) a client really feeds.
 """
 
 from __future__ import annotations
@@ -64,7 +69,9 @@ def representative_feeds(
     return [{n: np.asarray(feed[lookup[n]]) for n in signature_inputs} for feed in feeds]
 
 
-def _configure(converter: Any, precision: Precision, calibration: list[dict[str, np.ndarray]] | None) -> str:
+def _configure(
+    converter: Any, precision: Precision, calibration: list[dict[str, np.ndarray]] | None, integer_io: bool
+) -> str:
     import tensorflow as tf
 
     if precision is Precision.FP32:
@@ -81,8 +88,10 @@ def _configure(converter: Any, precision: Precision, calibration: list[dict[str,
 
     converter.representative_dataset = dataset
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-    converter.inference_input_type = tf.int8
-    converter.inference_output_type = tf.int8
+    if integer_io:
+        converter.inference_input_type = tf.int8
+        converter.inference_output_type = tf.int8
+    # Otherwise the converter's default: float32 at the boundary, quantized inside.
     return "full-integer int8"
 
 
@@ -93,22 +102,30 @@ def convert_savedmodel_to_tflite(
     signature: str = DEFAULT_SIGNATURE,
     precision: Precision = Precision.FP32,
     calibration: list[dict[str, np.ndarray]] | None = None,
+    integer_io: bool = False,
 ) -> dict[str, Any]:
     """Write ``dst`` from one signature of a SavedModel; return what was done.
 
     ``calibration`` (samples keyed by signature input name) selects full-integer int8;
-    without it int8 means dynamic range.
+    without it int8 means dynamic range. ``integer_io`` (full-integer only) makes the
+    inputs and outputs int8; otherwise they stay float32.
     """
     import tensorflow as tf
 
     converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model), signature_keys=[signature])
-    mode = _configure(converter, precision, calibration)
+    mode = _configure(converter, precision, calibration, integer_io)
+    full_integer = mode == "full-integer int8"
     started = time.perf_counter()
     with warnings.catch_warnings():
         # The calibrator itself builds tf.lite.Interpreter, which warns about its own deprecation.
         warnings.filterwarnings("ignore", message=".*tf.lite.Interpreter is deprecated.*")
         dst.write_bytes(converter.convert())
-    return {"mode": mode, "signature": signature, "convert_seconds": round(time.perf_counter() - started, 3)}
+    return {
+        "mode": mode,
+        "io_contract": "int8 inputs and outputs" if full_integer and integer_io else "float32 inputs and outputs",
+        "signature": signature,
+        "convert_seconds": round(time.perf_counter() - started, 3),
+    }
 
 
 def _signature_for(ctx: StepContext) -> str:
@@ -124,9 +141,17 @@ def export_tflite(ctx: StepContext) -> Artifact:
     precision = Precision(ctx.step.options.get("precision", ctx.spec.precision.value))
     dst = ctx.out_dir / MODEL_FILE
     details: dict[str, Any] = {"converter": TOOL}
+    warnings: list[str] = []
+    integer_io = ctx.spec.integer_io and precision is Precision.INT8
+    if integer_io and not ctx.spec.calibration:
+        raise InvalidSpec(
+            "integer_io needs calibration data: int8 inputs and outputs take their scales from it",
+            hint="Give `calibration` (an .npz of real inputs keyed by input name), or leave integer_io false.",
+            errors=[{"field": "integer_io", "problem": "needs calibration"}],
+        )
     if Format(ctx.model.kind) is Format.TFLITE:
         shutil.copyfile(ctx.model.path, dst)
-        details.update(mode="float32 (the source .tflite, unchanged)", signature=None)
+        details.update(mode="float32 (the source .tflite, unchanged)", io_contract="the source's", signature=None)
     else:
         saved_model, signature = ctx.model.path, _signature_for(ctx)
         calibration = None
@@ -136,11 +161,21 @@ def export_tflite(ctx: StepContext) -> Artifact:
             calibration = representative_feeds(feeds, names)
             details["calibration_data"] = label
             details["calibration_samples"] = len(calibration)
+        elif precision is Precision.INT8:
+            warnings.append(
+                "no calibration data: TFLite int8 fell back to dynamic-range int8 (int8 weights, float "
+                "activations); give `calibration` for full-integer int8"
+            )
         ctx.progress(f"converting to TFLite ({precision.value})")
         try:
             details.update(
                 convert_savedmodel_to_tflite(
-                    saved_model, dst, signature=signature, precision=precision, calibration=calibration
+                    saved_model,
+                    dst,
+                    signature=signature,
+                    precision=precision,
+                    calibration=calibration,
+                    integer_io=integer_io,
                 )
             )
         except Exception as exc:  # the MLIR converter raises ConverterError, RuntimeError, ValueError
@@ -166,6 +201,7 @@ def export_tflite(ctx: StepContext) -> Artifact:
         serving=SERVING,
         runner_options=runner_options,
         engine_details={"tflite": details},
+        warnings=warnings,
     )
 
 

@@ -30,6 +30,7 @@ class TargetResult:
     benchmark: list[dict[str, Any]] = field(default_factory=list)
     published: dict[str, Any] | None = None
     artifact: str | None = None
+    warnings: list[str] = field(default_factory=list)  # fallbacks the export took (also in the manifest)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -75,6 +76,7 @@ def target_results(
             meta = metas[export_id]
             result.parity = meta.get("parity")
             result.benchmark = meta.get("benchmark", [])
+            result.warnings = list(meta.get("warnings", []))
             result.artifact = artifacts.get(export_id)
         if publish_id in metas:
             result.status = "succeeded"

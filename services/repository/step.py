@@ -43,6 +43,7 @@ def build_manifest(ctx: StepContext, exported: Artifact) -> dict[str, Any]:
         "parity": meta.get("parity"),
         "benchmark": meta.get("benchmark"),
         "engine_details": meta.get("engine_details", {}),
+        "warnings": meta.get("warnings", []),
         "spec": ctx.spec.model_dump(mode="json"),
     }
 

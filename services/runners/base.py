@@ -44,6 +44,14 @@ class ModelRunner(abc.ABC):
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run one inference; return outputs keyed by name, in ``self.outputs`` order."""
 
+    def io_contract(self) -> dict[str, list[dict[str, Any]]]:
+        """Return the inputs and outputs as the artifact stores them: what a serving client feeds and reads.
+
+        ``inputs``/``outputs`` above are what parity exchanges; a runner that converts at the
+        boundary (TFLite's scaled int8 tensors) reports the stored dtypes here instead.
+        """
+        return {"inputs": [t.to_dict() for t in self.inputs], "outputs": [t.to_dict() for t in self.outputs]}
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release engine resources."""
 

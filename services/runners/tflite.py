@@ -41,6 +41,13 @@ class _Tensor:
         dtype = "float32" if self.quantized else self.dtype.name
         return TensorSpec(self.name, dtype, tuple(None if d < 0 else int(d) for d in self.shape_signature))
 
+    def stored(self) -> dict[str, Any]:
+        """Return the tensor as the model file stores it: its own dtype, and the scale of a quantized one."""
+        d = TensorSpec(self.name, self.dtype.name, self.spec().shape).to_dict()
+        if self.quantized:
+            d["quantization"] = {"scale": self.scale, "zero_point": self.zero_point}
+        return d
+
 
 def _tensor(name: str, d: dict[str, Any]) -> _Tensor:
     scale, zero = d.get("quantization", (0.0, 0))
@@ -109,6 +116,10 @@ class TFLiteRunner(ModelRunner):
             "inputs": [t.name for t in self._in if t.quantized],
             "outputs": [t.name for t in self._out if t.quantized],
         }
+
+    def io_contract(self) -> dict[str, list[dict[str, Any]]]:
+        """Return the dtypes the .tflite file itself declares (int8 with a scale, where quantized)."""
+        return {"inputs": [t.stored() for t in self._in], "outputs": [t.stored() for t in self._out]}
 
     def tensor_names(self) -> dict[str, str]:
         """Return the interpreter's tensor name -> the public (signature) name, inputs and outputs."""
