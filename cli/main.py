@@ -160,7 +160,10 @@ def _summary_table(result: Any) -> Table:
     "--target", "-t", "targets", multiple=True, help="onnxruntime, openvino, tflite, tfserving, tensorrt (repeatable)."
 )
 @click.option("--precision", "-p", type=click.Choice(["fp32", "fp16", "int8"]), help="Artifact precision.")
-@click.option("--repo", type=click.Path(file_okay=False, path_type=Path), help="Model repository directory.")
+@click.option(
+    "--repo",
+    help="Model repository: a directory or s3://bucket/prefix (default KILN_REPOSITORY, else ./model-repository).",
+)
 @click.option("--name", help="Published model name (default: the file's name).")
 @click.option("--version", "model_version", type=int, help="Published version (default: next free).")
 @click.option(
@@ -184,7 +187,7 @@ def compile_cmd(
     model: Path,
     targets: tuple[str, ...],
     precision: str | None,
-    repo: Path | None,
+    repo: str | None,
     name: str | None,
     model_version: int | None,
     calibration: Path | None,
@@ -197,14 +200,16 @@ def compile_cmd(
 ) -> None:
     """Compile MODEL for each target, check it against the source and publish it."""
     from services.pipeline import compile_model
-    from services.repository import LocalModelRepository
     from services.settings import get_settings
     from services.storage import LocalArtifactStore
+    from services.storage.factory import repository_from_url
 
     spec = _build_spec(spec_file, targets, precision, name, calibration, model_version, no_benchmark)
     settings = get_settings()
     store = LocalArtifactStore((cache_dir or settings.cache_dir) / "store")
-    repository = LocalModelRepository(repo or Path(settings.repository))
+    # The same factory as the service: a directory, file:// or s3:// (an unknown scheme is refused).
+    repository = repository_from_url(repo or settings.repository, settings)
+    repository.model_names()  # reach it now: a wrong bucket or endpoint fails before any work, not after
     result = compile_model(
         model,
         spec,

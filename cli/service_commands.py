@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import click
@@ -139,10 +138,9 @@ class _WorkerSupervisor(threading.Thread):
 @click.option("--port", default=8000, show_default=True, type=int)
 @click.option(
     "--repo",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("model-repository"),
+    default="model-repository",
     show_default=True,
-    help="Model repository directory.",
+    help="Model repository: a directory or s3://bucket/prefix.",
 )
 @click.option(
     "--concurrency",
@@ -152,23 +150,28 @@ class _WorkerSupervisor(threading.Thread):
     help="Steps the worker runs at once (a job's targets branch after their shared steps).",
 )
 @handle_errors
-def serve_cmd(host: str, port: int, repo: Path, concurrency: int) -> None:
+def serve_cmd(host: str, port: int, repo: str, concurrency: int) -> None:
     """Run the API and a worker for every engine installed here: SQLite, local directories, no broker server."""
     import uvicorn
 
     from api.app import create_app
     from services.jobs.db import database_url
     from services.jobs.migrate import upgrade
+    from services.repository.local import LocalModelRepository
+    from services.storage.factory import repository_from_url
     from workers.probe import resolve_engines
 
-    repo = repo.resolve()
-    repo.mkdir(parents=True, exist_ok=True)
-    settings = _settings(repository=str(repo), database_url="", broker_url="", artifact_store="")
+    # The same factory as everywhere: s3:// is S3 (never a folder named "s3:"), an unknown scheme is refused.
+    repository = repository_from_url(repo, _settings())
+    repository.model_names()  # reach it now, not at the first publish
+    if isinstance(repository, LocalModelRepository):
+        repo = str(repository.root)  # absolute: the worker processes share it
+    settings = _settings(repository=repo, database_url="", broker_url="", artifact_store="")
     upgrade(database_url(settings))
     engines = resolve_engines([])
     env = {
         **os.environ,
-        "KILN_REPOSITORY": str(repo),
+        "KILN_REPOSITORY": repo,
         "KILN_DATABASE_URL": "",
         "KILN_BROKER_URL": "",
         "KILN_ARTIFACT_STORE": "",

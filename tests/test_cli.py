@@ -191,3 +191,69 @@ def test_an_int8_fallback_is_a_warning_in_the_summary(cnn_onnx: Path, tmp_path: 
     proc = run(*args, "--calibration", str(calib), "--repo", str(tmp_path / "repo2"), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout)["targets"]["onnxruntime"]["warnings"] == []
+
+
+def _s3_env(s3_server) -> dict[str, str]:
+    return {
+        "KILN_S3_ENDPOINT_URL": s3_server.endpoint_url,
+        "KILN_S3_REGION": s3_server.region,
+        "KILN_S3_ACCESS_KEY_ID": s3_server.access_key_id,
+        "KILN_S3_SECRET_ACCESS_KEY": s3_server.secret_access_key,
+    }
+
+
+def _s3_keys(s3_server, prefix: str) -> set[str]:
+    listing = s3_server.client().list_objects_v2(Bucket=s3_server.bucket, Prefix=prefix + "/")
+    return {o["Key"][len(prefix) + 1 :] for o in listing.get("Contents", [])}
+
+
+@pytest.mark.parametrize("how", ["flag", "environment"])
+def test_an_s3_repository_is_published_to_s3_and_not_to_a_folder(
+    how: str, s3_server, cnn_onnx: Path, tmp_path: Path
+) -> None:
+    prefix = f"cli-{how}/repo"
+    url = f"s3://{s3_server.bucket}/{prefix}"
+    args = ["compile", str(cnn_onnx), "-t", "onnxruntime", "--no-benchmark", "--name", "m", "--json"]
+    args += ["--cache-dir", str(tmp_path / "cache")]
+    env = {**_s3_env(s3_server), **({"KILN_REPOSITORY": url} if how == "environment" else {})}
+    proc = run(*args, *(["--repo", url] if how == "flag" else []), cwd=tmp_path, env_extra=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout)["targets"]["onnxruntime"]["published"]["uri"] == f"{url}/m/1"
+    assert {"m/1/model.onnx", "m/1/kiln-manifest.json", "m/config.pbtxt"} <= _s3_keys(s3_server, prefix)
+    assert not (tmp_path / "s3:").exists() and list(tmp_path.iterdir()) == [tmp_path / "cache"]
+
+    # Unchanged model and spec: the version that holds this artifact stands, no duplicate.
+    again = run(*args, *(["--repo", url] if how == "flag" else []), cwd=tmp_path, env_extra=env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads(again.stdout)["targets"]["onnxruntime"]["published"]["version"] == 1
+    assert not any(k.startswith("m/2/") for k in _s3_keys(s3_server, prefix))
+
+
+def test_an_unreachable_or_unknown_repository_fails_before_compiling(s3_server, cnn_onnx: Path, tmp_path: Path) -> None:
+    args = ["compile", str(cnn_onnx), "-t", "onnxruntime", "--no-benchmark", "--cache-dir", str(tmp_path / "c")]
+    proc = run(*args, "--repo", "s3://no-such-bucket-kiln/x", cwd=tmp_path, env_extra=_s3_env(s3_server))
+    assert proc.returncode == 1 and "error NOT_FOUND" in proc.stderr and "no-such-bucket-kiln" in proc.stderr
+    assert "▶ reference" not in proc.stderr  # nothing was compiled for a repository that is not there
+    proc = run(*args, "--repo", "gs://bucket/x", cwd=tmp_path)
+    assert proc.returncode == 2 and "error INVALID_SPEC" in proc.stderr and "s3://bucket/prefix" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]  # no folder named after the URL
+
+
+def test_recompiling_an_unchanged_model_adds_no_version_unless_asked(cnn_onnx: Path, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    args = ["compile", str(cnn_onnx), "-t", "onnxruntime", "--no-benchmark", "--name", "m", "--json"]
+    args += ["--repo", str(repo), "--cache-dir", str(tmp_path / "cache")]
+
+    def version(*extra: str) -> int:
+        proc = run(*args, *extra)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return int(json.loads(proc.stdout)["targets"]["onnxruntime"]["published"]["version"])
+
+    assert [version(), version()] == [1, 1]
+    assert version("--no-cache") == 2  # a forced rebuild is a new version
+    assert version() == 2  # the newest identical version stands
+    assert version("--version", "1") == 1  # asking for a version that already holds this artifact
+    assert version("--version", "7") == 7  # asking for a new one publishes it
+    assert version("-p", "fp16") == 8  # a different artifact is a new version
+    assert sorted(int(p.name) for p in (repo / "m").iterdir() if p.is_dir()) == [1, 2, 7, 8]

@@ -320,9 +320,15 @@ class ModelRepositoryContract:
             "export:onnxruntime": True,
             "publish:onnxruntime": False,
         }
+        # The same artifact again: version 1 holds it, so nothing is published twice.
+        assert second.targets["onnxruntime"].published["uri"] == repo.uri("cnn/1")
+        assert second.steps["publish:onnxruntime"].meta["reused"] is True
+        assert repo.versions("cnn") == [1]
+        rebuilt = compile_model(cnn_onnx, spec(), store=compile_store, repository=repo, use_cache=False)
+        assert rebuilt.targets["onnxruntime"].published["uri"] == repo.uri("cnn/2")  # a rebuild asks for one
         assert repo.versions("cnn") == [1, 2]
 
-        clash = compile_model(cnn_onnx, spec(version=1), store=compile_store, repository=repo)
+        clash = compile_model(cnn_onnx, spec(version=1, precision="fp16"), store=compile_store, repository=repo)
         assert clash.targets["onnxruntime"].error["code"] == "REPOSITORY_CONFLICT"
         assert repo.versions("cnn") == [1, 2]
 

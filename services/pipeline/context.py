@@ -32,6 +32,8 @@ class StepContext:
     repository: ModelRepository | None = None
     on_progress: Callable[[str], None] | None = None
     extras: dict[str, Any] = field(default_factory=dict)
+    input_keys: dict[str, str] = field(default_factory=dict)  # role -> store key (content address) of each input
+    use_cache: bool = True  # False: the user asked for a rebuild (and so for a new version)
 
     @property
     def model(self) -> Artifact:

@@ -157,6 +157,8 @@ def run_step(
         repository=repository,
         on_progress=on_progress,
         extras={"calibration_path": calibration_path} if calibration_path else {},
+        input_keys=dict(input_keys),
+        use_cache=use_cache,
     )
     try:
         func = load_entry(step.entry)

@@ -37,9 +37,29 @@ class PublishedVersion:
     version: int
     uri: str
     files: list[str]
+    reused: bool = False  # an identical version was already there; nothing was written
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "version": self.version, "uri": self.uri, "files": self.files}
+
+
+def _identical_version(repo: ModelRepository, name: str, versions: list[int], manifest: dict[str, Any]) -> int | None:
+    """Return the newest of ``versions`` whose manifest names the same export artifact and source, if any.
+
+    The export's key is a content address over its inputs, spec and tool versions, so the same
+    key means the same files; a manifest without one (an older Kiln) never matches.
+    """
+    key, source = manifest.get("artifact_key"), (manifest.get("source") or {}).get("sha256")
+    if not key:
+        return None
+    for version in sorted(versions, reverse=True):
+        raw = repo.read_file(f"{name}/{version}/{MANIFEST}")
+        if raw is None:
+            continue
+        prior = json.loads(raw)
+        if prior.get("artifact_key") == key and (prior.get("source") or {}).get("sha256") == source:
+            return version
+    return None
 
 
 def _served_models(repo: ModelRepository, kind: str) -> list[ServedModel]:
@@ -63,8 +83,14 @@ def publish_version(
     version: int | None,
     manifest: dict[str, Any],
     max_batch_size: int = 0,
+    reuse_identical: bool = False,
 ) -> PublishedVersion:
     """Publish an export artifact as ``<name>/<version>/``; return where it landed.
+
+    With ``reuse_identical``, a version of ``name`` that already holds this very artifact
+    (same ``artifact_key`` and source in its manifest; with ``version`` given, that version
+    only) is returned instead of publishing a duplicate. The CLI and the service both publish
+    through here, so recompiling an unchanged model adds no version on either.
 
     Order: version files under a temp name then renamed into place; then the model's
     config.pbtxt (config last, so Triton never loads a config without its files); then the
@@ -83,6 +109,22 @@ def publish_version(
                     name=name,
                 )
         versions = repo.versions(name)
+        if reuse_identical:
+            candidates = versions if version is None else [v for v in versions if v == version]
+            same = _identical_version(repo, name, candidates, manifest)
+            if same is not None:
+                files = sorted(
+                    p.relative_to(artifact.root).as_posix()
+                    for p in Path(artifact.root).rglob("*")
+                    if p.is_file() and p.name not in (DESCRIPTOR, ".kiln-complete")
+                )
+                return PublishedVersion(
+                    name=name,
+                    version=same,
+                    uri=repo.uri(f"{name}/{same}"),
+                    files=sorted([*files, MANIFEST]),
+                    reused=True,
+                )
         if version is None:
             version = (versions[-1] + 1) if versions else 1
         elif version in versions:

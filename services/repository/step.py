@@ -43,6 +43,8 @@ def build_manifest(ctx: StepContext, exported: Artifact) -> dict[str, Any]:
         "parity": meta.get("parity"),
         "benchmark": meta.get("benchmark"),
         "engine_details": meta.get("engine_details", {}),
+        # The export's content address: an identical artifact has the same key (see publish_version).
+        "artifact_key": ctx.input_keys.get("model"),
         "warnings": meta.get("warnings", []),
         "spec": ctx.spec.model_dump(mode="json"),
     }
@@ -61,6 +63,10 @@ def run_publish_step(ctx: StepContext) -> Artifact:
         version=ctx.spec.version,
         manifest=build_manifest(ctx, exported),
         max_batch_size=ctx.spec.max_batch_size,
+        reuse_identical=ctx.use_cache,
     )
+    if published.reused:
+        ctx.progress(f"{published.name} version {published.version} already holds this artifact: not published again")
+        return Artifact(root=ctx.out_dir, kind="published", meta={"published": published.to_dict(), "reused": True})
     ctx.progress(f"published {published.name} version {published.version}")
     return Artifact(root=ctx.out_dir, kind="published", meta={"published": published.to_dict()})
