@@ -81,6 +81,24 @@ def _tensorrt_preflight(source: DetectedSource, spec: CompileSpec) -> None:
     raise_if_unsupported(report)
 
 
+def _check_spec_inputs(source: DetectedSource, spec: CompileSpec) -> None:
+    """Refuse spec ``inputs`` an ONNX model does not have, now (422) rather than in its first step.
+
+    The graph's input names are read without its weights; other formats are checked by the
+    reference step, the first thing a job runs, with the same rule.
+    """
+    if source.format is not Format.ONNX or not spec.inputs:
+        return
+    from services.onnx_io import load_onnx
+    from services.runners.base import TensorSpec
+    from services.validation.inputs import check_spec_inputs
+
+    graph = load_onnx(source.path, load_external_data=False).graph
+    initializers = {i.name for i in graph.initializer}
+    names = [v.name for v in graph.input if v.name not in initializers]
+    check_spec_inputs([TensorSpec(n, "float32", ()) for n in names], spec)
+
+
 def prepare_job(
     upload: Upload,
     *,
@@ -116,6 +134,7 @@ def prepare_job(
         # Detection and archive vetting (UNSAFE_INPUT) happen here, before anything is stored.
         source = _open_vetted(model.path, Path(tmp), spec.source_format, model.sha256)
         plan = plan_routes(source.format, spec, registry, default_name=default_model_name(model.path))
+        _check_spec_inputs(source, spec)
         _tensorrt_preflight(source, spec)
     source_key = f"sources/{model.sha256}"
     store.put_dir(source_key, model.path.parent, move=True)  # the upload's own directory, discarded next

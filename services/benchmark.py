@@ -10,7 +10,7 @@ import numpy as np
 
 from services.runners.base import ModelRunner
 from services.spec import BenchmarkSpec, CompileSpec
-from services.validation.inputs import random_input, resolve_shape
+from services.validation.inputs import random_input, refuse_allocation, resolve_shape
 
 __all__ = ["BenchmarkResult", "benchmark_runner"]
 
@@ -33,16 +33,22 @@ class BenchmarkResult:
 
 
 def _feeds_for_batch(runner: ModelRunner, spec: CompileSpec, batch: int) -> dict[str, np.ndarray] | None:
-    rng = np.random.default_rng(1234)
-    feeds = {}
+    shapes = {}
     for t in runner.inputs:
         shape = resolve_shape(t, spec)
         if shape:
             if t.shape and t.shape[0] is not None and t.shape[0] != batch:
                 return None  # the batch axis is fixed; this batch size cannot run
             shape[0] = batch
-        feeds[t.name] = random_input(t, shape, rng)
-    return feeds
+        shapes[t.name] = shape
+    refuse_allocation(
+        "benchmark.batch_sizes",
+        f"a benchmark batch of {batch} ({shapes})",
+        {t.name: (shapes[t.name], t.dtype if t.dtype not in ("str", "bfloat16") else "float32") for t in runner.inputs},
+        1,
+    )
+    rng = np.random.default_rng(1234)
+    return {t.name: random_input(t, shapes[t.name], rng) for t in runner.inputs}
 
 
 def benchmark_runner(

@@ -18,6 +18,7 @@ from services.formats import Format
 
 __all__ = [
     "DEFAULT_TOLERANCES",
+    "MAX_INPUT_BYTES",
     "BenchmarkSpec",
     "CompileSpec",
     "InputSpec",
@@ -25,6 +26,9 @@ __all__ = [
     "TargetName",
     "Tolerances",
     "ValidationSpec",
+    "allocation_problem",
+    "format_bytes",
+    "input_bytes",
     "load_spec",
     "spec_json_schema",
 ]
@@ -50,7 +54,20 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", use_enum_values=False)
 
 
-Dim = Annotated[int, Field(ge=-1)]
+#: Bounds a spec must keep. Each is far above real use and far below what would allocate
+#: memory or disk a machine does not have; they are in the JSON Schema so clients see them.
+MAX_DIM = 1 << 20  # one axis of an input: a 1M-token sequence, a 1M-pixel side
+MAX_BATCH = 1 << 16
+MAX_ITERATIONS = 100_000
+MAX_VERSION = (1 << 31) - 1  # Triton, TF Serving and OVMS all read versions as integers; most as int32
+MAX_SEED = (1 << 32) - 1  # numpy's seed range a spec needs; the calibration set uses seed + 1
+#: The most input data one validation set or one benchmark batch may take: refused above this,
+#: before anything is allocated, with the estimate.
+MAX_INPUT_BYTES = 4 << 30
+MEMORY_HINT = "Lower the input dims, validation.samples or benchmark.batch_sizes."
+
+Dim = Annotated[int, Field(ge=-1, le=MAX_DIM)]
+PositiveDim = Annotated[int, Field(ge=1, le=MAX_DIM)]
 
 
 class InputSpec(_Strict):
@@ -60,11 +77,9 @@ class InputSpec(_Strict):
         default=None,
         description="Concrete shape used for validation, benchmarks and static engines; -1 keeps an axis dynamic.",
     )
-    min: list[Annotated[int, Field(ge=1)]] | None = Field(
-        default=None, description="Smallest shape (TensorRT profile)."
-    )
-    opt: list[Annotated[int, Field(ge=1)]] | None = Field(default=None, description="Shape to optimise for.")
-    max: list[Annotated[int, Field(ge=1)]] | None = Field(default=None, description="Largest shape (TensorRT profile).")
+    min: list[PositiveDim] | None = Field(default=None, description="Smallest shape (TensorRT profile).")
+    opt: list[PositiveDim] | None = Field(default=None, description="Shape to optimise for.")
+    max: list[PositiveDim] | None = Field(default=None, description="Largest shape (TensorRT profile).")
     dtype: str | None = Field(default=None, description="Override the input's dtype, e.g. float32, int64.")
 
     @model_validator(mode="after")
@@ -117,16 +132,16 @@ class BenchmarkSpec(_Strict):
     """Latency/throughput measurement of each artifact on its engine."""
 
     enabled: bool = True
-    batch_sizes: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [1])
-    warmup: int = Field(default=5, ge=0, description="Runs discarded before timing.")
-    iterations: int = Field(default=50, ge=1, description="Timed runs per batch size.")
+    batch_sizes: list[Annotated[int, Field(ge=1, le=MAX_BATCH)]] = Field(default_factory=lambda: [1], max_length=16)
+    warmup: int = Field(default=5, ge=0, le=MAX_ITERATIONS, description="Runs discarded before timing.")
+    iterations: int = Field(default=50, ge=1, le=MAX_ITERATIONS, description="Timed runs per batch size.")
 
 
 class ValidationSpec(_Strict):
     """How parity inputs are made when no calibration file is given."""
 
     samples: int = Field(default=8, ge=1, le=1024, description="Number of seeded random samples.")
-    seed: int = Field(default=0, description="Seed for the random inputs.")
+    seed: int = Field(default=0, ge=0, le=MAX_SEED, description="Seed for the random inputs.")
 
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
@@ -140,10 +155,14 @@ class CompileSpec(_Strict):
     inputs: dict[str, InputSpec] = Field(
         default_factory=dict, description="Per-input shapes, keyed by input name; dynamic axes need shape or opt."
     )
-    max_batch_size: int = Field(default=0, ge=0, description="Triton max_batch_size; 0 disables batching.")
+    max_batch_size: int = Field(
+        default=0, ge=0, le=MAX_BATCH, description="Triton max_batch_size; 0 disables batching."
+    )
     opset: int | None = Field(default=None, ge=7, le=24, description="ONNX opset for exported graphs.")
     name: str | None = Field(default=None, pattern=NAME_PATTERN, description="Published model name.")
-    version: int | None = Field(default=None, ge=1, description="Published version; next free one when unset.")
+    version: int | None = Field(
+        default=None, ge=1, le=MAX_VERSION, description="Published version; next free one when unset."
+    )
     calibration: str | None = Field(
         default=None, description="An .npz of arrays keyed by input name, for int8 calibration and parity inputs."
     )
@@ -202,10 +221,96 @@ class CompileSpec(_Strict):
         return base.model_copy(update=overrides)
 
 
-def _format_errors(exc: ValidationError) -> tuple[str, list[dict[str, Any]]]:
+def _itemsize(dtype: str | None) -> int:
+    import numpy as np
+
+    try:
+        return int(np.dtype(dtype or "float32").itemsize)
+    except TypeError:
+        return 4
+
+
+def input_bytes(shapes: dict[str, tuple[list[int], str | None]]) -> int:
+    """Return the bytes one feed of these inputs takes: name -> (shape, dtype); -1 and 0 count as 1."""
+    total = 0
+    for shape, dtype in shapes.values():
+        n = 1
+        for d in shape:
+            n *= max(int(d), 1)
+        total += n * _itemsize(dtype)
+    return total
+
+
+def format_bytes(n: float) -> str:
+    """Return ``n`` bytes as a short human figure (``1.2 TiB``)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.3g} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def allocation_problem(field_name: str, what: str, nbytes: int) -> dict[str, Any] | None:
+    """Return an INVALID_SPEC problem when ``nbytes`` of input data is over MAX_INPUT_BYTES, else None."""
+    if nbytes <= MAX_INPUT_BYTES:
+        return None
+    return {
+        "field": field_name,
+        "problem": f"{what} needs about {format_bytes(nbytes)} of input memory; the limit is "
+        f"{format_bytes(MAX_INPUT_BYTES)}",
+    }
+
+
+def _memory_problems(spec: CompileSpec) -> list[dict[str, Any]]:
+    """Return the spec's shapes that would allocate more than MAX_INPUT_BYTES, judged from the spec alone.
+
+    Inputs the spec leaves out take the model's dims, known only when the job runs; the
+    validation and benchmark code checks those again, with the same limit, before allocating.
+    """
+    concrete = {n: (i.concrete_shape(), i.dtype) for n, i in spec.inputs.items() if i.concrete_shape() is not None}
+    shapes = {n: (list(shape or []), dtype) for n, (shape, dtype) in concrete.items()}
     problems = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(spec)"
+    if shapes:
+        largest = max(shapes, key=lambda n: input_bytes({n: shapes[n]}))
+        per_sample = input_bytes(shapes)
+        problems.append(
+            allocation_problem(
+                f"inputs.{largest}",
+                f"the validation set ({spec.validation.samples} samples of {format_bytes(per_sample)})",
+                spec.validation.samples * per_sample,
+            )
+        )
+        if spec.bench.enabled:
+            for b in spec.bench.batch_sizes:
+                batched = {n: ([b, *shape[1:]] if shape else shape, dt) for n, (shape, dt) in shapes.items()}
+                problems.append(
+                    allocation_problem("benchmark.batch_sizes", f"a benchmark batch of {b}", input_bytes(batched))
+                )
+    for n, i in spec.inputs.items():
+        if i.max is not None:
+            problems.append(
+                allocation_problem(
+                    f"inputs.{n}.max", f"input {n} at its largest shape {i.max}", input_bytes({n: (i.max, i.dtype)})
+                )
+            )
+    return [p for p in problems if p is not None]
+
+
+#: pydantic names the member of a union field in an error's location ("benchmark.BenchmarkSpec.iterations");
+#: a user's field path has no such part.
+_UNION_TAGS = {"BenchmarkSpec", "bool"}
+
+
+def _format_errors(exc: ValidationError) -> tuple[str, list[dict[str, Any]]]:
+    errors = exc.errors()
+    # `benchmark` takes an object or a boolean: an object that fails also "is not a boolean", which says nothing.
+    objects = {str(e["loc"][0]) for e in errors if len(e["loc"]) > 2 and e["loc"][1] == "BenchmarkSpec"}
+    problems = []
+    for err in errors:
+        parts = [str(p) for p in err["loc"]]
+        if len(parts) == 2 and parts[1] == "bool" and parts[0] in objects:
+            continue
+        loc = ".".join(p for p in parts if p not in _UNION_TAGS) or "(spec)"
         problems.append({"field": loc, "problem": err["msg"]})
     text = "; ".join(f"{p['field']}: {p['problem']}" for p in problems)
     return text, problems
@@ -223,13 +328,21 @@ def load_spec(data: dict[str, Any] | str | Path) -> CompileSpec:
     if not isinstance(data, dict):
         raise InvalidSpec("spec must be a JSON object")
     try:
-        return CompileSpec.model_validate(data)
+        spec = CompileSpec.model_validate(data)
     except ValidationError as exc:
         text, problems = _format_errors(exc)
         hint = None
         if any(p["field"].startswith("targets") for p in problems):
             hint = "Valid targets: " + ", ".join(t.value for t in TargetName) + "."
         raise InvalidSpec(f"invalid spec: {text}", hint=hint, errors=problems) from exc
+    problems = _memory_problems(spec)
+    if problems:
+        raise InvalidSpec(
+            "invalid spec: " + "; ".join(f"{p['field']}: {p['problem']}" for p in problems),
+            hint=MEMORY_HINT,
+            errors=problems,
+        )
+    return spec
 
 
 def spec_json_schema() -> dict[str, Any]:

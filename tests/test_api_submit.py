@@ -407,3 +407,28 @@ def test_tensorrt_pre_flight_judges_the_model_the_worker_will_build(client: Test
         client, 422, "UNSUPPORTED_OPS", "foldable.onnx", _model_with_foldable_unique(), {**spec, "optimize": False}
     )
     assert body["details"]["ops"] == {"Unique": 1}
+
+
+def test_an_input_the_onnx_model_does_not_have_is_422_at_submit(client: TestClient, cnn_onnx: Path) -> None:
+    spec = {"targets": ["onnxruntime"], "inputs": {"images": {"shape": [1, 3, 32, 32]}}}
+    body = _refused(client, 422, "INVALID_SPEC", "cnn.onnx", cnn_onnx.read_bytes(), spec)
+    assert body["details"]["errors"] == [{"field": "inputs.images", "problem": "the model has no such input"}]
+    assert "['input']" in body["message"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"version": 10**30}, "version"),
+        ({"validation": {"seed": -5}}, "validation.seed"),
+        ({"benchmark": {"iterations": 10**12}}, "benchmark.iterations"),
+        ({"inputs": {"input": {"shape": [4096, 3, 1024, 1024]}}}, "inputs.input"),
+    ],
+)
+def test_out_of_bounds_specs_are_422_naming_the_field(
+    client: TestClient, cnn_onnx: Path, extra: dict, field: str
+) -> None:
+    body = _refused(
+        client, 422, "INVALID_SPEC", "cnn.onnx", cnn_onnx.read_bytes(), {"targets": ["onnxruntime"], **extra}
+    )
+    assert field in [e["field"] for e in body["details"]["errors"]]

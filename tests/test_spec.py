@@ -74,3 +74,66 @@ def test_schema_is_generated_from_the_model() -> None:
     targets = schema["$defs"]["TargetName"]["enum"]
     assert targets == ["onnxruntime", "openvino", "tflite", "tfserving", "tensorrt"]
     assert schema["additionalProperties"] is False
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"version": 10**30}, "version"),
+        ({"version": 2**31}, "version"),
+        ({"validation": {"seed": -1}}, "validation.seed"),
+        ({"validation": {"seed": 2**64}}, "validation.seed"),
+        ({"benchmark": {"iterations": 10**12}}, "benchmark.iterations"),
+        ({"benchmark": {"warmup": 10**12}}, "benchmark.warmup"),
+        ({"benchmark": {"batch_sizes": [1, 10**9]}}, "benchmark.batch_sizes.1"),
+        ({"benchmark": {"batch_sizes": list(range(1, 100))}}, "benchmark.batch_sizes"),
+        ({"max_batch_size": 10**12}, "max_batch_size"),
+        ({"inputs": {"x": {"shape": [1, 10**12]}}}, "inputs.x.shape.1"),
+        ({"inputs": {"x": {"min": [1], "opt": [1], "max": [10**12]}}}, "inputs.x.max.0"),
+    ],
+)
+def test_out_of_bounds_fields_are_refused_naming_the_field(extra: dict, field: str) -> None:
+    with pytest.raises(InvalidSpec) as exc:
+        load_spec({"targets": ["onnxruntime"], **extra})
+    assert [e["field"] for e in exc.value.details["errors"]] == [field]
+    assert exc.value.code == "INVALID_SPEC" and field in exc.value.message and exc.value.hint
+
+
+@pytest.mark.parametrize(
+    ("extra", "field", "estimate"),
+    [
+        # 8 validation samples of 1x3x100000x100000 float32: ~894 GiB (and one benchmark batch, 112 GiB).
+        ({"inputs": {"x": {"shape": [1, 3, 100000, 100000]}}}, "inputs.x", "894 GiB"),
+        (
+            {"inputs": {"x": {"shape": [1, 3, 224, 224]}}, "benchmark": {"batch_sizes": [1, 8000]}},
+            "benchmark.batch_sizes",
+            "4.49 GiB",
+        ),
+        (
+            {"inputs": {"ids": {"min": [1, 1], "opt": [1, 8], "max": [65536, 1048576], "dtype": "int64"}}},
+            "inputs.ids.max",
+            "512 GiB",
+        ),
+    ],
+)
+def test_specs_that_would_allocate_too_much_are_refused_with_an_estimate(
+    extra: dict, field: str, estimate: str
+) -> None:
+    with pytest.raises(InvalidSpec) as exc:
+        load_spec({"targets": ["onnxruntime"], **extra})
+    problems = {e["field"]: e["problem"] for e in exc.value.details["errors"]}
+    assert field in problems and estimate in problems[field] and "the limit is 4 GiB" in problems[field]
+    assert "batch_sizes" in exc.value.hint
+    # Without the benchmark the same shapes are fine where only the benchmark was too big.
+    if field == "benchmark.batch_sizes":
+        assert load_spec({"targets": ["onnxruntime"], **extra, "benchmark": False}).bench.enabled is False
+
+
+def test_the_schema_carries_the_bounds() -> None:
+    schema = spec_json_schema()
+    props, defs = schema["properties"], schema["$defs"]
+    version = next(v for v in props["version"]["anyOf"] if v.get("type") == "integer")
+    assert version["maximum"] == 2**31 - 1 and version["minimum"] == 1
+    assert defs["ValidationSpec"]["properties"]["seed"]["minimum"] == 0
+    assert defs["BenchmarkSpec"]["properties"]["iterations"]["maximum"] == 100_000
+    assert defs["BenchmarkSpec"]["properties"]["batch_sizes"]["items"]["maximum"] == 65_536

@@ -21,6 +21,7 @@ from services.formats import Format
 from services.pipeline.context import StepContext
 from services.runners import ModelRunner, TensorSpec, open_runner
 from services.validation import load_calibration, make_validation_inputs
+from services.validation.inputs import check_spec_inputs
 
 __all__ = ["ReferenceData", "load_reference", "run_reference_step", "source_runner"]
 
@@ -72,6 +73,7 @@ def _split_samples(
 def run_reference_step(ctx: StepContext) -> Artifact:
     """Compute the signature, parity inputs and source outputs; return the reference artifact."""
     runner = source_runner(ctx)
+    check_spec_inputs(runner.inputs, ctx.spec)
     calibration = None
     if ctx.spec.calibration:
         calibration = load_calibration(ctx.extras.get("calibration_path", ctx.spec.calibration), runner.inputs)

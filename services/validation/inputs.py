@@ -9,9 +9,17 @@ import numpy as np
 
 from services.errors import InvalidSpec
 from services.runners.base import TensorSpec
-from services.spec import CompileSpec
+from services.spec import MEMORY_HINT, CompileSpec, allocation_problem, input_bytes
 
-__all__ = ["DEFAULT_DYNAMIC_DIM", "load_calibration", "make_validation_inputs", "random_input", "resolve_shape"]
+__all__ = [
+    "DEFAULT_DYNAMIC_DIM",
+    "check_spec_inputs",
+    "load_calibration",
+    "make_validation_inputs",
+    "random_input",
+    "refuse_allocation",
+    "resolve_shape",
+]
 
 #: Size used for a dynamic non-batch axis the spec leaves open (sequence length, image side).
 DEFAULT_DYNAMIC_DIM = 16
@@ -38,6 +46,25 @@ def resolve_shape(tensor: TensorSpec, spec: CompileSpec) -> list[int]:
     return [d if d is not None else (1 if i == 0 else DEFAULT_DYNAMIC_DIM) for i, d in enumerate(tensor.shape)]
 
 
+def check_spec_inputs(inputs: list[TensorSpec], spec: CompileSpec) -> None:
+    """Refuse spec ``inputs`` that name no input of the model (INVALID_SPEC naming them), for every format."""
+    names = [t.name for t in inputs]
+    unknown = sorted(set(spec.inputs) - set(names))
+    if unknown:
+        raise InvalidSpec(
+            f"spec inputs {unknown} are not inputs of the model; it takes {names}",
+            hint="Key `inputs` by the model's input names (`kiln inspect MODEL` lists them).",
+            errors=[{"field": f"inputs.{n}", "problem": "the model has no such input"} for n in unknown],
+        )
+
+
+def refuse_allocation(field_name: str, what: str, shapes: dict[str, tuple[list[int], str | None]], count: int) -> None:
+    """Raise INVALID_SPEC with the estimate when ``count`` feeds of ``shapes`` would exceed the input memory limit."""
+    problem = allocation_problem(field_name, what, count * input_bytes(shapes))
+    if problem is not None:
+        raise InvalidSpec(f"{problem['field']}: {problem['problem']}", hint=MEMORY_HINT, errors=[problem])
+
+
 def load_calibration(path: str | Path, inputs: list[TensorSpec]) -> dict[str, np.ndarray]:
     """Read an .npz keyed by input name; each array stacks samples on axis 0.
 
@@ -61,6 +88,10 @@ def load_calibration(path: str | Path, inputs: list[TensorSpec]) -> dict[str, np
     if len(set(counts.values())) != 1 or 0 in counts.values():
         raise InvalidSpec(f"calibration arrays need the same non-zero number of samples on axis 0, got {counts}")
     return data
+
+
+def _dtype_name(t: TensorSpec) -> str:
+    return t.dtype if t.dtype not in ("str", "bfloat16") else "float32"
 
 
 def random_input(tensor: TensorSpec, shape: list[int], rng: np.random.Generator) -> np.ndarray:
@@ -107,6 +138,14 @@ def make_validation_inputs(
                 feed[t.name] = arr.astype(np_dtype, copy=False)
             feeds.append(feed)
         return feeds, "calibration"
+    # The model's own dims count here (the spec alone could not see them): refuse before allocating.
+    largest = max(inputs, key=lambda t: input_bytes({t.name: (shapes[t.name], _dtype_name(t))}), default=None)
+    refuse_allocation(
+        f"inputs.{largest.name}" if largest else "inputs",
+        f"the validation set ({spec.validation.samples} samples of {shapes})",
+        {t.name: (shapes[t.name], _dtype_name(t)) for t in inputs},
+        spec.validation.samples,
+    )
     rng = np.random.default_rng(spec.validation.seed)
     feeds = [{t.name: random_input(t, shapes[t.name], rng) for t in inputs} for _ in range(spec.validation.samples)]
     return feeds, f"generated (seeded random, seed={spec.validation.seed})"
