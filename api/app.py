@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from contextlib import asynccontextmanager
+import asyncio
+import logging
+from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.concurrency import run_in_threadpool
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 
@@ -25,6 +28,9 @@ from services.jobs.migrate import upgrade
 from services.jobs.store import JobStore
 from services.settings import Settings, get_settings
 from services.spec import CompileSpec
+from workers.maintenance import fail_unserved_once, worker_max_age
+
+log = logging.getLogger("kiln.api")
 
 __all__ = ["create_app"]
 
@@ -53,11 +59,27 @@ def create_app(
         celery_app = create_celery_app(settings)
     url = database_url(settings)
 
+    async def fail_unserved_steps() -> None:
+        # Workers sweep too, but with no worker alive at all only the API is left to notice
+        # that a job waits for an engine nobody serves.
+        while True:
+            await asyncio.sleep(settings.step_heartbeat_interval)
+            try:
+                await run_in_threadpool(fail_unserved_once, app.state.jobs, app.state.celery, settings)
+            except Exception:  # a database or broker blip must not end the loop
+                log.warning("sweep for unserved steps failed", exc_info=True)
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> Any:
         if url.startswith("sqlite"):
             upgrade(url)
-        yield
+        sweeper = asyncio.create_task(fail_unserved_steps())
+        try:
+            yield
+        finally:
+            sweeper.cancel()
+            with suppress(asyncio.CancelledError):
+                await sweeper
 
     # With auth on, the API description needs a token too ("every endpoint but the health
     # probes"); the interactive pages, which cannot send one, are off then.
@@ -81,7 +103,7 @@ def create_app(
     state.token_cache = TokenCache()
     state.job_bodies = JobBodies()
     state.job_versions = JobVersions(state.jobs.job_versions)
-    state.worker_max_age = max(3 * settings.step_heartbeat_interval, 15.0)
+    state.worker_max_age = worker_max_age(settings)
     state.metrics = Metrics(state)
     install_error_handlers(app)
     for module in (compile_routes, job_routes, plan_routes, service_routes):

@@ -10,14 +10,22 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 from api.upload import Upload
-from services.errors import InvalidSpec, KilnError, ServiceUnavailable, SourceUnreadable, UnsupportedFormat
+from services.errors import (
+    EngineUnavailable,
+    InvalidSpec,
+    KilnError,
+    ServiceUnavailable,
+    SourceUnreadable,
+    UnsupportedFormat,
+)
 from services.formats import DetectedSource, Format, open_source, safe_extract
 from services.formats.archives import archive_kind
-from services.graph.planner import plan_routes
+from services.graph.planner import Plan, plan_routes
 from services.graph.registry import Registry
 from services.jobs.store import JobStore, NewJob
 from services.pipeline.local import default_model_name
@@ -99,6 +107,23 @@ def _check_spec_inputs(source: DetectedSource, spec: CompileSpec) -> None:
     check_spec_inputs([TensorSpec(n, "float32", ()) for n in names], spec)
 
 
+def _require_workers(plan: Plan, spec: CompileSpec, live_engines: Collection[str] | None) -> None:
+    """Refuse a job an engine with no live worker would leave waiting, unless the spec says to wait."""
+    if live_engines is None or spec.wait_for_workers:
+        return
+    missing = sorted({s.engine for s in plan.steps} - set(live_engines))
+    if missing:
+        queues = sorted({s.queue for s in plan.steps if s.engine in missing})
+        raise EngineUnavailable(
+            f"no live worker serves {', '.join(missing)} (queue {', '.join(queues)}), which this job needs",
+            hint="Start a worker for it (`kiln worker --engine <engine>`; GET /engines lists the live ones), "
+            'or set "wait_for_workers": true in the spec to queue the job until one comes '
+            "(up to KILN_WORKER_WAIT_SECONDS).",
+            engines=missing,
+            queues=queues,
+        )
+
+
 def prepare_job(
     upload: Upload,
     *,
@@ -107,8 +132,13 @@ def prepare_job(
     use_cache: bool,
     owner: str | None,
     scratch_root: Path,
+    live_engines: Collection[str] | None = None,
 ) -> NewJob:
-    """Validate, detect and plan ``upload`` and put its files in the store; return the job to record."""
+    """Validate, detect and plan ``upload`` and put its files in the store; return the job to record.
+
+    ``live_engines``: the engines with a live worker; a job needing another is refused
+    (ENGINE_UNAVAILABLE) unless its spec sets ``wait_for_workers``. None skips the check.
+    """
     spec_text = upload.fields.get("spec")
     if spec_text is None:
         raise InvalidSpec(
@@ -134,6 +164,7 @@ def prepare_job(
         # Detection and archive vetting (UNSAFE_INPUT) happen here, before anything is stored.
         source = _open_vetted(model.path, Path(tmp), spec.source_format, model.sha256)
         plan = plan_routes(source.format, spec, registry, default_name=default_model_name(model.path))
+        _require_workers(plan, spec, live_engines)
         _check_spec_inputs(source, spec)
         _tensorrt_preflight(source, spec)
     source_key = f"sources/{model.sha256}"
@@ -170,14 +201,26 @@ def submit_job(
     use_cache: bool,
     owner: str | None,
     scratch_root: Path,
+    worker_max_age: float | None = None,
 ) -> str:
     """Accept ``upload``: record the job with its first steps queued, enqueue them; return its id.
 
-    The upload's temporary files are removed whatever happens.
+    With ``worker_max_age``, a job needing an engine without a worker that heartbeated that
+    recently is refused unless its spec says to wait. The upload's temporary files are
+    removed whatever happens.
     """
     try:
+        live = None
+        if worker_max_age is not None:
+            live = {e for w in jobs.live_workers(worker_max_age) for e in w.engines}
         new = prepare_job(
-            upload, store=store, registry=registry, use_cache=use_cache, owner=owner, scratch_root=scratch_root
+            upload,
+            store=store,
+            registry=registry,
+            use_cache=use_cache,
+            owner=owner,
+            scratch_root=scratch_root,
+            live_engines=live,
         )
         advance = jobs.submit_job(new)
         start_job(jobs, celery_app, new.id, advance.queued)

@@ -64,6 +64,12 @@ class Settings(BaseSettings):
     step_stale_after: float = Field(
         default=60.0, gt=0, description="Seconds without a heartbeat after which a running step is requeued."
     )
+    worker_wait_seconds: float = Field(
+        default=3600.0,
+        gt=0,
+        description="Seconds a queued step waits while its engine has no live worker before it fails with "
+        "ENGINE_UNAVAILABLE (jobs are only accepted that way with the spec's wait_for_workers).",
+    )
 
     @model_validator(mode="after")
     def _refuse_unsafe_production(self) -> Settings:

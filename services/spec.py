@@ -183,6 +183,14 @@ class CompileSpec(_Strict):
         default="cu13", pattern=r"^cu[0-9]{2}$", description="TensorRT worker variant (queue kiln.tensorrt-<variant>)."
     )
     tensorrt_workspace_mb: int = Field(default=2048, ge=64, description="TensorRT builder workspace limit.")
+    wait_for_workers: bool = Field(
+        default=False,
+        description=(
+            "Service only: accept the job even when an engine it needs has no live worker. Its steps then "
+            "wait up to KILN_WORKER_WAIT_SECONDS for one and fail with ENGINE_UNAVAILABLE after that; "
+            "without this the submission is refused (503 ENGINE_UNAVAILABLE)."
+        ),
+    )
 
     @field_validator("targets")
     @classmethod

@@ -47,6 +47,10 @@ def client(settings: Settings) -> Iterator[TestClient]:
 
 
 def _post(client: TestClient, name: str, data: bytes, spec: Any, **extra: Any) -> Any:
+    # No worker runs in this module: a spec object asks to queue the job anyway (what is
+    # refused without that has its own test).
+    if isinstance(spec, dict):
+        spec = {"wait_for_workers": True, **spec}
     files: dict[str, Any] = {"model": (name, data, "application/octet-stream")}
     if spec is not None:
         files["spec"] = (None, spec if isinstance(spec, str) else json.dumps(spec), "application/json")

@@ -16,7 +16,7 @@ from services.jobs.store import JobStore
 from services.settings import Settings
 from workers.queues import enqueue_steps
 
-__all__ = ["Maintenance", "sweep_once"]
+__all__ = ["Maintenance", "fail_unserved_once", "sweep_once", "worker_max_age"]
 
 log = logging.getLogger("kiln.worker")
 
@@ -24,13 +24,27 @@ log = logging.getLogger("kiln.worker")
 LOST_FACTOR = 5
 
 
+def worker_max_age(settings: Settings) -> float:
+    """Return how recent a worker's heartbeat must be for it to count as live."""
+    return max(3 * settings.step_heartbeat_interval, 15.0)
+
+
 def sweep_once(jobs: JobStore, celery_app: Any, settings: Settings) -> int:
-    """Requeue stale running steps and re-announce long-queued ones; return how many."""
+    """Requeue stale running steps, re-announce long-queued ones, fail unserved ones; return how many."""
     found = jobs.requeue_stale(settings.step_stale_after, settings.step_stale_after * LOST_FACTOR)
     for job_id, step_id, engine in found:
         log.warning("requeueing step %s of job %s", step_id, job_id)
         enqueue_steps(celery_app, job_id, [(step_id, engine)])
-    return len(found)
+    return len(found) + fail_unserved_once(jobs, celery_app, settings)
+
+
+def fail_unserved_once(jobs: JobStore, celery_app: Any, settings: Settings) -> int:
+    """Fail steps that waited KILN_WORKER_WAIT_SECONDS for an engine with no live worker; return how many moved on."""
+    live = {e for w in jobs.live_workers(worker_max_age(settings)) for e in w.engines}
+    ready = jobs.fail_unserved(live, settings.worker_wait_seconds)
+    for job_id, step_id, engine in ready:
+        enqueue_steps(celery_app, job_id, [(step_id, engine)])
+    return len(ready)
 
 
 class Maintenance(threading.Thread):

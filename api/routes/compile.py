@@ -25,7 +25,11 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     413: {"model": ErrorPublic, "description": "UPLOAD_TOO_LARGE"},
     415: {"model": ErrorPublic, "description": "UNSUPPORTED_FORMAT"},
     422: {"model": ErrorPublic, "description": "INVALID_SPEC (naming the field), NO_ROUTE"},
-    503: {"model": ErrorPublic, "description": "SERVICE_UNAVAILABLE (broker down)"},
+    503: {
+        "model": ErrorPublic,
+        "description": "SERVICE_UNAVAILABLE (broker down), ENGINE_UNAVAILABLE (an engine the job needs has no "
+        "live worker and the spec does not set wait_for_workers)",
+    },
 }
 
 _BODY = {
@@ -88,6 +92,7 @@ async def submit(
         use_cache=cache,
         owner=principal.name,
         scratch_root=scratch / "detect",
+        worker_max_age=request.app.state.worker_max_age,
     )
     request.app.state.metrics.jobs_submitted.inc()
     url = f"/jobs/{job_id}"

@@ -36,7 +36,7 @@ from typing import Any
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session, contains_eager, defer, selectinload, sessionmaker
 
-from services.errors import Cancelled, KilnError, NotFound
+from services.errors import Cancelled, EngineUnavailable, KilnError, NotFound
 from services.graph.planner import Plan
 from services.jobs.db import IMMEDIATE, get_engine
 from services.jobs.models import (
@@ -674,6 +674,52 @@ class JobStore:
                         self.add_event(s, job_id, "step_reannounced", row.step_id)
                     row.status, row.queued_at = "queued", now
                     out.append((job_id, row.step_id, row.engine))
+        return out
+
+    def fail_unserved(self, live_engines: Collection[str], waited: float) -> list[tuple[str, str, str]]:
+        """Fail queued steps whose engine has no live worker and that waited over ``waited`` seconds.
+
+        Each becomes ENGINE_UNAVAILABLE (with the engine, its queue and the wait), its
+        dependents are skipped and the job moves on (other targets may still finish), so no
+        job waits forever for a worker that is not there. Returns (job_id, step_id, engine)
+        of steps that became ready and must be enqueued.
+        """
+        now = utcnow()
+        cut = now - timedelta(seconds=waited)
+        live = sorted(set(live_engines))
+        unserved = (JobStep.status == "queued") & (JobStep.queued_at < cut) & JobStep.engine.notin_(live)
+        with self.read() as s:  # usually finds nothing: one indexed read, no lock
+            found = s.execute(
+                select(JobStep.job_id)
+                .join(Job, Job.id == JobStep.job_id)
+                .where(Job.status.in_(("queued", "running")), unserved)
+                .distinct()
+                .limit(200)
+            ).all()
+        out: list[tuple[str, str, str]] = []
+        for (job_id,) in found:
+            with self.write() as s:
+                job, rows, known = self._lock_job_steps(s, job_id)
+                if job.status not in ("queued", "running"):
+                    continue
+                for row in rows.values():
+                    # Re-checked under the job's lock: a worker may have claimed it meanwhile.
+                    if row.status != "queued" or row.engine in live or row.queued_at is None or row.queued_at >= cut:
+                        continue
+                    queue = row.queue
+                    error = EngineUnavailable(
+                        f"no worker for engine {row.engine} (queue {queue}) took step {row.step_id} in {waited:g} s",
+                        hint=f"Start a worker for it (`kiln worker --engine {row.engine}`), or raise "
+                        "KILN_WORKER_WAIT_SECONDS if workers come up later.",
+                        engine=row.engine,
+                        queue=queue,
+                        waited_seconds=waited,
+                        step=row.step_id,
+                    ).to_dict()
+                    row.status, row.error, row.finished_at = "failed", error, now
+                    self.add_event(s, job_id, "step_failed", row.step_id, error=error)
+                advance = self._advance(s, job, rows, known, now)
+                out.extend((job_id, step_id, engine) for step_id, engine in advance.queued)
         return out
 
     def previous_publish(self, name: str, input_key: str, source_sha256: str) -> dict[str, Any] | None:

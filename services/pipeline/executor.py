@@ -55,7 +55,8 @@ _SPEC_FIELDS: dict[str, set[str] | None] = {
 
 
 def _spec_fingerprint(spec: CompileSpec, kind: str, calibration_sha: str | None) -> dict[str, Any]:
-    body = spec.model_dump(mode="json", exclude={"name", "version", "targets"})
+    # Naming and scheduling do not change what a step produces.
+    body = spec.model_dump(mode="json", exclude={"name", "version", "targets", "wait_for_workers"})
     body["calibration"] = calibration_sha
     fields = _SPEC_FIELDS.get(kind)
     if fields is not None:
