@@ -60,6 +60,7 @@ MAX_DIM = 1 << 20  # one axis of an input: a 1M-token sequence, a 1M-pixel side
 MAX_BATCH = 1 << 16
 MAX_ITERATIONS = 100_000
 MAX_VERSION = (1 << 31) - 1  # Triton, TF Serving and OVMS all read versions as integers; most as int32
+MAX_WORKSPACE_MB = 1 << 20  # 1 TiB: more than any GPU has
 MAX_SEED = (1 << 32) - 1  # numpy's seed range a spec needs; the calibration set uses seed + 1
 #: The most input data one validation set or one benchmark batch may take: refused above this,
 #: before anything is allocated, with the estimate.
@@ -182,7 +183,9 @@ class CompileSpec(_Strict):
     tensorrt_variant: str = Field(
         default="cu13", pattern=r"^cu[0-9]{2}$", description="TensorRT worker variant (queue kiln.tensorrt-<variant>)."
     )
-    tensorrt_workspace_mb: int = Field(default=2048, ge=64, description="TensorRT builder workspace limit.")
+    tensorrt_workspace_mb: int = Field(
+        default=2048, ge=64, le=MAX_WORKSPACE_MB, description="TensorRT builder workspace limit."
+    )
     wait_for_workers: bool = Field(
         default=False,
         description=(

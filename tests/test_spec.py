@@ -88,6 +88,7 @@ def test_schema_is_generated_from_the_model() -> None:
         ({"benchmark": {"batch_sizes": [1, 10**9]}}, "benchmark.batch_sizes.1"),
         ({"benchmark": {"batch_sizes": list(range(1, 100))}}, "benchmark.batch_sizes"),
         ({"max_batch_size": 10**12}, "max_batch_size"),
+        ({"tensorrt_workspace_mb": 10**12}, "tensorrt_workspace_mb"),
         ({"inputs": {"x": {"shape": [1, 10**12]}}}, "inputs.x.shape.1"),
         ({"inputs": {"x": {"min": [1], "opt": [1], "max": [10**12]}}}, "inputs.x.max.0"),
     ],
