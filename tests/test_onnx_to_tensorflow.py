@@ -233,8 +233,13 @@ def test_bert_full_integer_int8_with_calibration(bert_pt2, shared_store, work) -
     assert min(o["cosine"] for o in target.parity["outputs"]) >= 0.999
     details = result.steps["export:tflite"].meta["engine_details"]["tflite"]
     assert details["mode"] == "full-integer int8" and details["calibration_samples"] == 24
-    # Token ids and masks stay integers; the float outputs are int8 with scales.
-    assert details["quantized_io"] == {"inputs": [], "outputs": ["last_hidden_state", "pooler_output"]}
+    # Token ids and masks stay integers; the outputs stay float32 (integer_io is not set).
+    assert details["quantized_io"] == {"inputs": [], "outputs": []}
+    io = result.steps["export:tflite"].meta["io"]  # read from the .tflite file
+    assert {t["name"]: t["dtype"] for t in io["outputs"]} == {
+        "last_hidden_state": "float32",
+        "pooler_output": "float32",
+    }
 
 
 def test_spec_open_axes_are_never_pinned(bert_job, shared_store, work) -> None:

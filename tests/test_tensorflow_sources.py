@@ -107,7 +107,9 @@ def test_keras_cnn_every_cpu_engine(
     if precision == "int8":
         tflite = read_manifest(repository, "m-tflite", 1)["engine_details"]["tflite"]
         assert tflite["mode"] == "full-integer int8" and tflite["calibration_data"] == "calibration file"
-        assert tflite["quantized_io"] == {"inputs": ["image"], "outputs": ["logits"]}
+        # Full-integer inside, float32 at the boundary: the contract every target keeps by default.
+        assert tflite["quantized_io"] == {"inputs": [], "outputs": []}
+        assert tflite["io_contract"] == "float32 inputs and outputs"
 
 
 def test_keras_h5_source(tf_dir: Path, store, repository) -> None:
@@ -164,7 +166,7 @@ def test_two_inputs_int8_calibration_matched_by_name(two_inputs_keras: Path, tmp
     details = read_manifest(repository, "m-tflite", 1)["engine_details"]["tflite"]
     assert details["mode"] == "full-integer int8"
     assert details["calibration_samples"] == 18  # 6 of the 24 rows are held out for parity
-    assert details["quantized_io"] == {"inputs": ["extra", "features"], "outputs": ["prob", "score"]}
+    assert details["quantized_io"] == {"inputs": [], "outputs": []}  # float32 I/O: integer_io is not set
     # NNCF's per-sample mean of min/max clipped these short activation vectors ("score" cosine 0.980).
     nncf = read_manifest(repository, "m-openvino", 1)["engine_details"]["int8"]
     assert nncf["activation_ranges"] == "global min/max" and nncf["subset_size"] == 18
