@@ -45,7 +45,10 @@ def _submit(client: TestClient, model: Path) -> str:
     # No worker runs here: the spec asks to queue the job anyway (the test plays the worker).
     r = client.post(
         "/compile",
-        files={"model": ("cnn.onnx", model.read_bytes()), "spec": (None, json.dumps({"targets": ["onnxruntime"], "wait_for_workers": True}))},
+        files={
+            "model": ("cnn.onnx", model.read_bytes()),
+            "spec": (None, json.dumps({"targets": ["onnxruntime"], "wait_for_workers": True})),
+        },
     )
     assert r.status_code == 202, r.text
     return str(r.json()["id"])

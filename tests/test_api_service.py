@@ -116,7 +116,10 @@ def test_a_read_token_reads_but_may_not_submit_or_cancel(secured: TestClient, cn
     writer = {"Authorization": f"Bearer {jobs.create_token('writer', ['write'])}"}
     assert secured.get("/jobs", headers=reader).status_code == 200
     assert "/compile" in secured.get("/openapi.json", headers=reader).json()["paths"]
-    files = {"model": ("m.onnx", cnn_onnx.read_bytes()), "spec": (None, '{"targets": ["onnxruntime"], "wait_for_workers": true}')}
+    files = {
+        "model": ("m.onnx", cnn_onnx.read_bytes()),
+        "spec": (None, '{"targets": ["onnxruntime"], "wait_for_workers": true}'),
+    }
     r = secured.post("/compile", files=files, headers=reader)
     assert r.status_code == 403 and r.json()["code"] == "FORBIDDEN" and "write" in r.json()["message"]
     r = secured.post("/compile", files=files, headers=writer)
@@ -196,7 +199,10 @@ def test_a_broker_outage_is_503_on_readyz_and_submit_and_the_job_is_kept(tmp_pat
         assert r.status_code == 503
         checks = r.json()["checks"]
         assert checks["database"] == "ok" and checks["storage"] == "ok" and checks["broker"] != "ok"
-        files = {"model": ("m.onnx", cnn_onnx.read_bytes()), "spec": (None, '{"targets": ["onnxruntime"], "wait_for_workers": true}')}
+        files = {
+            "model": ("m.onnx", cnn_onnx.read_bytes()),
+            "spec": (None, '{"targets": ["onnxruntime"], "wait_for_workers": true}'),
+        }
         r = c.post("/compile", files=files)
         assert r.status_code == 503 and r.json()["code"] == "SERVICE_UNAVAILABLE"
         job_id = r.json()["details"]["job_id"]
