@@ -189,6 +189,7 @@ class VersionPublic(BaseModel):
 
 class ModelPublic(BaseModel):
     name: str
+    root: str = Field(description="The server root it is published under: triton, tfserving or tflite.")
     target: str | None
     format: str | None
     versions: list[VersionPublic]

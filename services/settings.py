@@ -39,8 +39,11 @@ class Settings(BaseSettings):
     )
     serving_root: str = Field(
         default="",
-        description="Path or URI at which serving engines see the repository (base_path in models.config / "
-        "config.json); empty = the repository's own location.",
+        description="Path at which serving engines see the repository, e.g. /models when it is mounted there "
+        "in their containers: base_path in tfserving/models.config and ovms/config.json becomes "
+        "<serving_root>/<root>/<name>. Empty = the repository's own location (a directory or s3:// URL). "
+        "A job's spec (serving.root) or `kiln compile --serving-root` overrides it and is recorded in the "
+        "repository's kiln-repository.json for later publishes.",
     )
     s3_endpoint_url: str = Field(default="", description="S3-compatible endpoint (MinIO, SeaweedFS); empty = AWS.")
     s3_region: str = Field(default="us-east-1", description="S3 region.")

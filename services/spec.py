@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -22,6 +22,7 @@ __all__ = [
     "CompileSpec",
     "InputSpec",
     "Precision",
+    "ServingSpec",
     "TargetName",
     "Tolerances",
     "ValidationSpec",
@@ -129,6 +130,23 @@ class ValidationSpec(_Strict):
     seed: int = Field(default=0, description="Seed for the random inputs.")
 
 
+class ServingSpec(_Strict):
+    """How the published repository is served: where servers mount it, which device they run on."""
+
+    root: str | None = Field(
+        default=None,
+        description="Path at which the serving engines see the repository (e.g. /models in their containers); "
+        "base_path in tfserving/models.config and ovms/config.json is <root>/<server root>/<name>. Recorded in the "
+        "repository for later publishes; unset = the recorded one, else KILN_SERVING_ROOT, else the repository's "
+        "own location.",
+    )
+    onnxruntime_device: Literal["cpu", "gpu"] = Field(
+        default="cpu",
+        description="Where Triton runs onnxruntime models: cpu (instance_group KIND_CPU) or gpu (KIND_GPU, "
+        "onnxruntime's CUDA provider). Parity is checked on the CPU provider either way.",
+    )
+
+
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 
 
@@ -140,7 +158,13 @@ class CompileSpec(_Strict):
     inputs: dict[str, InputSpec] = Field(
         default_factory=dict, description="Per-input shapes, keyed by input name; dynamic axes need shape or opt."
     )
-    max_batch_size: int = Field(default=0, ge=0, description="Triton max_batch_size; 0 disables batching.")
+    max_batch_size: int | None = Field(
+        default=None,
+        ge=0,
+        description="Triton max_batch_size; 0 disables batching. Unset: the largest batch the artifact takes "
+        "(a TensorRT profile's, else the inputs' max[0]) up to 8 when every input and output has an open batch "
+        "axis, else 0.",
+    )
     opset: int | None = Field(default=None, ge=7, le=24, description="ONNX opset for exported graphs.")
     name: str | None = Field(default=None, pattern=NAME_PATTERN, description="Published model name.")
     version: int | None = Field(default=None, ge=1, description="Published version; next free one when unset.")
@@ -157,6 +181,7 @@ class CompileSpec(_Strict):
         default="cu13", pattern=r"^cu[0-9]{2}$", description="TensorRT worker variant (queue kiln.tensorrt-<variant>)."
     )
     tensorrt_workspace_mb: int = Field(default=2048, ge=64, description="TensorRT builder workspace limit.")
+    serving: ServingSpec = Field(default_factory=ServingSpec, description="How servers load the repository.")
 
     @field_validator("targets")
     @classmethod
@@ -169,6 +194,12 @@ class CompileSpec(_Strict):
     @classmethod
     def _benchmark_object(cls, v: BenchmarkSpec | bool) -> BenchmarkSpec | bool:
         return BenchmarkSpec(enabled=v) if isinstance(v, bool) else v
+
+    @property
+    def batch_limit(self) -> int | None:
+        """Return the smallest ``max[0]`` among the inputs' shape profiles, or None without profiles."""
+        limits = [i.max[0] for i in self.inputs.values() if i.max]
+        return min(limits) if limits else None
 
     @property
     def bench(self) -> BenchmarkSpec:

@@ -47,6 +47,13 @@ def build_manifest(ctx: StepContext, exported: Artifact) -> dict[str, Any]:
     }
 
 
+def _instance_kind(ctx: StepContext) -> str | None:
+    """Return Triton's instance kind when the spec asks for one (onnxruntime on GPU); None = the exporter's."""
+    if ctx.step.target == "onnxruntime" and ctx.spec.serving.onnxruntime_device == "gpu":
+        return "KIND_GPU"
+    return None
+
+
 def run_publish_step(ctx: StepContext) -> Artifact:
     """Publish the export artifact into the job's repository; return a record of where."""
     if ctx.repository is None:
@@ -60,6 +67,9 @@ def run_publish_step(ctx: StepContext) -> Artifact:
         version=ctx.spec.version,
         manifest=build_manifest(ctx, exported),
         max_batch_size=ctx.spec.max_batch_size,
+        batch_limit=ctx.spec.batch_limit,
+        serving_root=ctx.spec.serving.root,
+        instance_kind=_instance_kind(ctx),
     )
     ctx.progress(f"published {published.name} version {published.version}")
     return Artifact(root=ctx.out_dir, kind="published", meta={"published": published.to_dict()})
