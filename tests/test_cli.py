@@ -45,9 +45,9 @@ def test_compile_onnxruntime_and_openvino(cnn_onnx: Path, tmp_path: Path) -> Non
     for column in ("target", "status", "route", "parity", "p50 latency", "artifact"):
         assert column in proc.stdout, column
     assert "onnx → optimize ⇒ onnxruntime" in proc.stdout and "ms (b1)" in proc.stdout
-    assert (repo / "cnn-onnxruntime" / "1" / "model.onnx").is_file()
-    assert (repo / "cnn-openvino" / "1" / "model.xml").is_file()
-    assert (repo / "cnn-openvino" / "1" / "model.bin").is_file()
+    assert (repo / "triton" / "cnn-onnxruntime" / "1" / "model.onnx").is_file()
+    assert (repo / "triton" / "cnn-openvino" / "1" / "model.xml").is_file()
+    assert (repo / "triton" / "cnn-openvino" / "1" / "model.bin").is_file()
 
 
 @pytest.mark.parametrize(
@@ -138,7 +138,7 @@ def test_a_failing_target_exits_non_zero_with_its_code(cnn_onnx: Path, tmp_path:
     assert "PARITY_FAILED" in proc.stdout and "FAIL abs" in proc.stdout  # the row names code and numbers
     assert "hint:" in proc.stderr
     assert "Traceback" not in proc.stderr
-    assert not (tmp_path / "repo" / "cnn" / "1").exists()  # nothing failed is published
+    assert not (tmp_path / "repo" / "triton" / "cnn" / "1").exists()  # nothing failed is published
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "int8"])
@@ -170,7 +170,7 @@ def test_issue_matrix_through_the_command(model: str, precision: str, request, t
     for target, files in (("onnxruntime", {"model.onnx"}), ("openvino", {"model.xml", "model.bin"})):
         t = result["targets"][target]
         assert t["status"] == "succeeded" and t["parity"]["passed"], t
-        version = repo / f"m-{target}" / "1"
+        version = repo / "triton" / f"m-{target}" / "1"
         assert files | {"kiln-manifest.json"} <= {p.name for p in version.iterdir()}
         manifest = json.loads((version / "kiln-manifest.json").read_text())
         assert manifest["precision"] == precision and manifest["parity"]["passed"]

@@ -43,11 +43,11 @@ OVMS_CONFIG = f"{OVMS_ROOT}/config.json"
 OVMS_F32 = {"plugin_config": {"INFERENCE_PRECISION_HINT": "f32"}}
 
 
-def server_root(serving: dict[str, Any]) -> str:
-    """Return the root a model is published under, from its exporter's serving description."""
-    if serving.get("triton"):
+def server_root(target: str, serving: dict[str, Any]) -> str:
+    """Return the root a model is published under: its exporter's server, else its target's."""
+    if serving.get("triton") or target in ("onnxruntime", "openvino", "tensorrt"):
         return TRITON_ROOT
-    if serving.get("tfserving"):
+    if serving.get("tfserving") or target == "tfserving":
         return TFSERVING_ROOT
     return TFLITE_ROOT
 

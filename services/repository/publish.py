@@ -162,7 +162,7 @@ def publish_version(
     meta = artifact.meta
     target = meta["target"]
     serving: dict[str, Any] = meta.get("serving", {})
-    model_dir = f"{server_root(serving)}/{name}"
+    model_dir = f"{server_root(target, serving)}/{name}"
     with repo.lock():
         existing = find_model_dir(repo, name)
         if existing is not None:
