@@ -73,6 +73,25 @@ def main() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
+def parse_input_flag(text: str) -> tuple[str, dict[str, Any]]:
+    """Return ``(name, InputSpec fields)`` from ``NAME:SHAPE`` or ``NAME:MIN,OPT,MAX`` (shapes as 1x3x224x224)."""
+    from services.errors import InvalidSpec
+
+    name, sep, shapes = text.rpartition(":")
+    hint = "Write --input NAME:1x3x224x224 (-1 keeps an axis open) or NAME:MIN,OPT,MAX, e.g. x:1x3x224x224,8x3x224x224,32x3x224x224."
+    try:
+        if not sep or not name:
+            raise ValueError("no NAME:")
+        dims = [[int(d) for d in shape.lower().split("x")] for shape in shapes.split(",")]
+    except ValueError:
+        raise InvalidSpec(f"--input {text!r} is not NAME:SHAPE", hint=hint) from None
+    if len(dims) == 1:
+        return name, {"shape": dims[0]}
+    if len(dims) == 3:
+        return name, {"min": dims[0], "opt": dims[1], "max": dims[2]}
+    raise InvalidSpec(f"--input {text!r} gives {len(dims)} shapes; one, or three (min,opt,max)", hint=hint)
+
+
 def _build_spec(
     spec_file: Path | None,
     targets: tuple[str, ...],
@@ -81,10 +100,20 @@ def _build_spec(
     calibration: Path | None,
     version: int | None,
     no_benchmark: bool,
+    inputs: tuple[str, ...] = (),
+    max_batch_size: int | None = None,
+    serving_root: str | None = None,
 ) -> Any:
     from services.spec import load_spec
 
     data: dict[str, Any] = json.loads(spec_file.read_text()) if spec_file else {}
+    for flag in inputs:
+        input_name, fields = parse_input_flag(flag)
+        data.setdefault("inputs", {})[input_name] = fields
+    if max_batch_size is not None:
+        data["max_batch_size"] = max_batch_size
+    if serving_root:
+        data.setdefault("serving", {})["root"] = serving_root
     if targets:
         data["targets"] = list(targets)
     if precision:
@@ -173,6 +202,19 @@ def _summary_table(result: Any) -> Table:
 @click.option(
     "--cache-dir", type=click.Path(file_okay=False, path_type=Path), help="Artifact cache (default ~/.cache/kiln)."
 )
+@click.option(
+    "--input",
+    "inputs",
+    multiple=True,
+    metavar="NAME:SHAPE",
+    help="An input's shape, 1x3x224x224 (-1 = open axis), or MIN,OPT,MAX shapes (repeatable).",
+)
+@click.option("--max-batch-size", type=click.IntRange(min=0), help="Triton max_batch_size (0 = no batching).")
+@click.option(
+    "--serving-root",
+    help="Path at which the servers see the repository (e.g. /models); base_path in their configs. Recorded.",
+)
+@click.option("--dry-run", is_flag=True, help="Print the plan (routes, steps, queues) and exit; runs nothing.")
 @click.option("--no-cache", is_flag=True, help="Run every step even when its output is cached.")
 @click.option("--no-benchmark", is_flag=True, help="Skip latency measurement.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
@@ -188,6 +230,10 @@ def compile_cmd(
     calibration: Path | None,
     spec_file: Path | None,
     cache_dir: Path | None,
+    inputs: tuple[str, ...],
+    max_batch_size: int | None,
+    serving_root: str | None,
+    dry_run: bool,
     no_cache: bool,
     no_benchmark: bool,
     as_json: bool,
@@ -199,7 +245,21 @@ def compile_cmd(
     from services.settings import get_settings
     from services.storage import LocalArtifactStore
 
-    spec = _build_spec(spec_file, targets, precision, name, calibration, model_version, no_benchmark)
+    spec = _build_spec(
+        spec_file,
+        targets,
+        precision,
+        name,
+        calibration,
+        model_version,
+        no_benchmark,
+        inputs,
+        max_batch_size,
+        serving_root,
+    )
+    if dry_run:
+        _print_plan(model, spec, as_json)
+        return
     settings = get_settings()
     store = LocalArtifactStore((cache_dir or settings.cache_dir) / "store")
     repository = LocalModelRepository(repo or Path(settings.repository))
@@ -233,6 +293,30 @@ def compile_cmd(
                     console.print(f"  [yellow]hint[/]: {t.error['hint']}")
         codes = {t.error["code"] for t in result.targets.values() if t.error}
         sys.exit(EXIT_INPUT if codes and codes <= _INPUT_CODES else EXIT_FAILED)
+
+
+def _print_plan(model: Path, spec: Any, as_json: bool) -> None:
+    """Print what ``kiln compile`` would run (the body POST /plan returns), without running it."""
+    from services.formats import open_source
+    from services.graph.planner import plan_routes
+    from services.pipeline.local import default_model_name
+
+    with tempfile.TemporaryDirectory(prefix="kiln-plan-") as tmp:
+        source = open_source(model, Path(tmp), spec.source_format)
+    plan = plan_routes(source.format, spec, default_name=default_model_name(model))
+    body = plan.to_dict()
+    if as_json:
+        out.print_json(json.dumps({"source": source.seen, "plan": body}, default=str))
+        return
+    out.print(f"[bold]source[/]: {source.seen}")
+    for target, route in body["routes"].items():
+        out.print(f"  [cyan]{target}[/]: {route}")
+    table = Table(title="steps (dry run: nothing ran)")
+    for col in ("step", "engine", "queue"):
+        table.add_column(col, overflow="fold")
+    for step in plan.steps:
+        table.add_row(step.id, step.engine, step.queue)
+    out.print(table)
 
 
 @main.command("inspect")

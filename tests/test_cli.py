@@ -174,3 +174,51 @@ def test_issue_matrix_through_the_command(model: str, precision: str, request, t
         assert files | {"kiln-manifest.json"} <= {p.name for p in version.iterdir()}
         manifest = json.loads((version / "kiln-manifest.json").read_text())
         assert manifest["precision"] == precision and manifest["parity"]["passed"]
+
+
+def test_input_max_batch_and_serving_root_flags_reach_the_repository(cnn_onnx: Path, tmp_path: Path) -> None:
+    """--input NAME:MIN,OPT,MAX, --max-batch-size and --serving-root end up in the configs servers read."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    repo = tmp_path / "repo"
+    proc = run(
+        "compile", str(cnn_onnx), "-t", "onnxruntime", "--repo", str(repo), "--name", "cnn", "--no-benchmark",
+        "--input", "input:1x3x32x32,2x3x32x32,4x3x32x32", "--max-batch-size", "4", "--serving-root", "/models",
+        "--cache-dir", str(tmp_path / "cache"),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cfg = text_format.Parse((repo / "triton" / "cnn" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    assert cfg.max_batch_size == 4 and list(cfg.input[0].dims) == [3, 32, 32]
+    ovms = json.loads((repo / "ovms" / "config.json").read_text())
+    assert ovms["model_config_list"][0]["config"]["base_path"] == "/models/triton/cnn"
+    manifest = json.loads((repo / "triton" / "cnn" / "1" / "kiln-manifest.json").read_text())
+    assert manifest["spec"]["inputs"]["input"] == {
+        "shape": None, "min": [1, 3, 32, 32], "opt": [2, 3, 32, 32], "max": [4, 3, 32, 32], "dtype": None,
+    }  # fmt: skip
+
+
+def test_dry_run_prints_the_plan_and_runs_nothing(cnn_onnx: Path, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    proc = run(
+        "compile", str(cnn_onnx), "-t", "onnxruntime", "-t", "openvino", "--repo", str(repo), "--dry-run", "--json",
+        "--cache-dir", str(tmp_path / "cache"),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    body = json.loads(proc.stdout)
+    assert body["plan"]["routes"] == {
+        "onnxruntime": "onnx → optimize ⇒ onnxruntime",
+        "openvino": "onnx → optimize → openvino_ir ⇒ openvino",
+    }
+    assert [s["id"] for s in body["plan"]["steps"]][:2] == ["reference", "optimize"]
+    assert not repo.exists() and not (tmp_path / "cache").exists()  # nothing ran, nothing written
+
+
+@pytest.mark.parametrize("flag", ["x", "x:1x3", "x:1x3,2x3", ":1x3", "x:1xAx3"])
+def test_bad_input_flag_is_invalid_spec(flag: str, cnn_onnx: Path, tmp_path: Path) -> None:
+    proc = run("compile", str(cnn_onnx), "-t", "onnxruntime", "--input", flag, "--dry-run")
+    if flag == "x:1x3":
+        assert proc.returncode == 0, proc.stderr  # well-formed; the planner does not check names
+        return
+    assert proc.returncode == 2 and "INVALID_SPEC" in proc.stderr and "Traceback" not in proc.stderr
+    assert "NAME:1x3x224x224" in proc.stderr  # the hint shows the form

@@ -108,6 +108,7 @@ def test_dynamic_batch_defaults(cnn_onnx: Path) -> None:
     assert profile.dynamic_batch and serving_for(profile)["triton"] == {
         "platform": "tensorrt_plan",
         "instance_kind": "KIND_GPU",
+        "max_batch_size": 8,  # the plan's profile bounds Triton's batches
     }
 
 
