@@ -11,7 +11,9 @@ import json
 import os
 import sys
 import tempfile
+import uuid
 from collections.abc import Callable
+from contextlib import nullcontext
 from functools import wraps
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,6 +22,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from cli.tool_output import tool_output_to
 from services.errors import KilnError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -153,6 +156,16 @@ def _event_printer(progress_lines: bool) -> Callable[[dict[str, Any]], None]:
     return on_event
 
 
+def _log_events(log: Path) -> Callable[[dict[str, Any]], None]:
+    """Return an event handler that appends each event, one JSON line, to the job's log (``-q``)."""
+
+    def on_event(e: dict[str, Any]) -> None:
+        with open(log, "a") as fh:
+            fh.write(json.dumps({k: v for k, v in e.items() if k != "plan"}, default=str) + "\n")
+
+    return on_event
+
+
 def _fmt_parity(parity: dict[str, Any] | None) -> str:
     if not parity or not parity.get("outputs"):
         return "-"
@@ -164,10 +177,13 @@ def _fmt_parity(parity: dict[str, Any] | None) -> str:
     return text + (f" top1 {min(top1):.0%}" if top1 else "")
 
 
-def _summary_table(result: Any) -> Table:
-    table = Table(title=f"kiln job {result.job_id}")
-    for col in ("target", "status", "route", "parity", "p50 latency", "artifact"):
-        table.add_column(col, overflow="fold")
+#: Below this width the summary leaves route and artifact out of the table and lists them
+#: under it, so no cell folds mid-path.
+_WIDE_SUMMARY = 120
+
+
+def _summary_rows(result: Any) -> list[dict[str, str]]:
+    rows = []
     for t in result.targets.values():
         status = (
             "[green]succeeded[/]" if t.status == "succeeded" else f"[red]{t.error['code'] if t.error else t.status}[/]"
@@ -177,8 +193,38 @@ def _summary_table(result: Any) -> Table:
             b = t.benchmark[0]
             latency = f"{b['p50_ms']:.2f} ms (b{b['batch_size']})"
         where = t.published["uri"] if t.published else "-"
-        table.add_row(t.target, status, t.route, _fmt_parity(t.parity), latency, where)
-    return table
+        rows.append(
+            {"target": t.target, "status": status, "route": t.route, "parity": _fmt_parity(t.parity),
+             "p50 latency": latency, "artifact": where}
+        )  # fmt: skip
+    return rows
+
+
+def _summary_table(result: Any, width: int | None = None) -> tuple[Table, list[str]]:
+    """Return the job's summary table and the lines to print under it.
+
+    At 120 columns and more the table holds every column. Narrower, route and artifact go
+    under the table, one target each, printed without folding so a path stays one string.
+    """
+    rows = _summary_rows(result)
+    wide = (width or out.width) >= _WIDE_SUMMARY
+    columns = ["target", "status", "route", "parity", "p50 latency", "artifact"]
+    if not wide:
+        columns = ["target", "status", "parity", "p50 latency"]
+    table = Table(title=f"kiln job {result.job_id}")
+    for col in columns:
+        table.add_column(col, overflow="fold", no_wrap=col in ("target", "p50 latency"))
+    for row in rows:
+        table.add_row(*(row[c] for c in columns))
+    below = [] if wide else [f"[bold]{r['target']}[/]: {r['route']} → {r['artifact']}" for r in rows]
+    return table, below
+
+
+def _print_summary(result: Any) -> None:
+    table, below = _summary_table(result)
+    out.print(table)
+    for line in below:
+        out.print(line, soft_wrap=True)
 
 
 @main.command("compile")
@@ -218,7 +264,9 @@ def _summary_table(result: Any) -> Table:
 @click.option("--no-cache", is_flag=True, help="Run every step even when its output is cached.")
 @click.option("--no-benchmark", is_flag=True, help="Skip latency measurement.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
-@click.option("--quiet", "-q", is_flag=True, help="Only the summary.")
+@click.option(
+    "--quiet", "-q", is_flag=True, help="Only the summary; steps and the engines' own output go to the job's log."
+)
 @handle_errors
 def compile_cmd(
     model: Path,
@@ -261,16 +309,21 @@ def compile_cmd(
         _print_plan(model, spec, as_json)
         return
     settings = get_settings()
-    store = LocalArtifactStore((cache_dir or settings.cache_dir) / "store")
-    repository = LocalModelRepository(repo or Path(settings.repository))
-    result = compile_model(
-        model,
-        spec,
-        store=store,
-        repository=repository,
-        on_event=(lambda e: None) if quiet else _event_printer(progress_lines=True),
-        use_cache=not no_cache,
-    )
+    cache = cache_dir or settings.cache_dir
+    store = LocalArtifactStore(cache / "store")
+    repository = LocalModelRepository(repo or Path(settings.repository), serving_root=settings.serving_root)
+    job_id = uuid.uuid4().hex[:12]
+    log = cache / "logs" / f"{job_id}.log"
+    with tool_output_to(log) if quiet else nullcontext(log):
+        result = compile_model(
+            model,
+            spec,
+            store=store,
+            repository=repository,
+            on_event=_log_events(log) if quiet else _event_printer(progress_lines=True),
+            use_cache=not no_cache,
+            job_id=job_id,
+        )
     if as_json:
         out.print_json(
             json.dumps(
@@ -284,7 +337,9 @@ def compile_cmd(
             )
         )
     else:
-        out.print(_summary_table(result))
+        _print_summary(result)
+    if quiet:
+        console.print(f"[dim]tool output and steps: {log}[/]", soft_wrap=True)
     if not result.ok:
         for t in result.targets.values():
             if t.error:

@@ -222,3 +222,23 @@ def test_bad_input_flag_is_invalid_spec(flag: str, cnn_onnx: Path, tmp_path: Pat
         return
     assert proc.returncode == 2 and "INVALID_SPEC" in proc.stderr and "Traceback" not in proc.stderr
     assert "NAME:1x3x224x224" in proc.stderr  # the hint shows the form
+
+
+def test_quiet_keeps_engine_noise_in_the_log_and_the_summary_fits_80_columns(cnn_onnx: Path, tmp_path: Path) -> None:
+    """-q: stderr carries one line (where the log is); NNCF, onnxruntime and OpenVINO output goes to that log."""
+    cache = tmp_path / "cache"
+    proc = run(
+        "compile", str(cnn_onnx), "-t", "onnxruntime", "-t", "openvino", "-p", "int8", "--repo", str(tmp_path / "repo"),
+        "--name", "cnn", "-q", "--cache-dir", str(cache),
+        env_extra={"COLUMNS": "80"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (log,) = (cache / "logs").glob("*.log")
+    assert proc.stderr.strip().splitlines() == [f"tool output and steps: {log}"]
+    events = [json.loads(line) for line in log.read_text().splitlines() if line.startswith('{"type"')]
+    assert {"step_finished", "finished"} <= {e["type"] for e in events}
+    table, below = proc.stdout.split("└")  # the table, then one line per target: route → artifact
+    assert max(len(line) for line in table.splitlines()) <= 80
+    assert "succeeded" in table and "p50 latency" in table
+    where = str(tmp_path / "repo" / "triton" / "cnn-openvino" / "1")
+    assert f"openvino: onnx → optimize → openvino_ir ⇒ openvino → {where}" in below.splitlines()  # not folded
