@@ -340,6 +340,8 @@ def compile_cmd(
         _print_summary(result)
     if quiet:
         console.print(f"[dim]tool output and steps: {log}[/]", soft_wrap=True)
+    if settings.cache_max_bytes:
+        _enforce_cache_cap(store.root, settings.cache_max_bytes)
     if not result.ok:
         for t in result.targets.values():
             if t.error:
@@ -372,6 +374,71 @@ def _print_plan(model: Path, spec: Any, as_json: bool) -> None:
     for step in plan.steps:
         table.add_row(step.id, step.engine, step.queue)
     out.print(table)
+
+
+def _enforce_cache_cap(root: Path, max_bytes: int) -> None:
+    """Prune the cache to KILN_CACHE_MAX_BYTES; when another job holds it, leave that to a later run."""
+    from services.errors import ServiceUnavailable
+    from services.storage.prune import prune_store
+
+    try:
+        report = prune_store(root, max_bytes=max_bytes)
+    except ServiceUnavailable:
+        return
+    if report.removed:
+        console.print(
+            f"[dim]cache over its cap: removed {len(report.removed)} entries ({_human(report.freed_bytes)})[/]"
+        )
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"  # pragma: no cover - the loop returns
+
+
+@main.group("cache")
+def cache_group() -> None:
+    """The local artifact cache (<cache dir>/store)."""
+
+
+@cache_group.command("prune")
+@click.option("--older-than", metavar="AGE", help="Remove entries unused for AGE (30m, 12h, 7d, 2w).")
+@click.option(
+    "--max-size", metavar="SIZE", help="Then remove least recently used entries until under SIZE (500MB, 10GiB). "
+    "Default: KILN_CACHE_MAX_BYTES."
+)  # fmt: skip
+@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), help="Default ~/.cache/kiln.")
+@click.option("--wait", default=0.0, show_default=True, help="Seconds to wait for running jobs to let go of the cache.")
+@click.option("--dry-run", is_flag=True, help="Say what would go; remove nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@handle_errors
+def cache_prune_cmd(
+    older_than: str | None, max_size: str | None, cache_dir: Path | None, wait: float, dry_run: bool, as_json: bool
+) -> None:
+    """Remove cache entries by age and size; waits for (never disturbs) running jobs."""
+    from services.errors import InvalidSpec
+    from services.settings import get_settings
+    from services.storage.prune import parse_age, parse_size, prune_store
+
+    settings = get_settings()
+    age = parse_age(older_than) if older_than else None
+    size = parse_size(max_size) if max_size else (settings.cache_max_bytes or None)
+    if age is None and size is None:
+        raise InvalidSpec("nothing to prune by", hint="Give --older-than AGE and/or --max-size SIZE.")
+    report = prune_store(
+        (cache_dir or settings.cache_dir) / "store", older_than=age, max_bytes=size, dry_run=dry_run, wait=wait
+    )
+    if as_json:
+        out.print_json(json.dumps(report.to_dict()))
+        return
+    verb = "would remove" if dry_run else "removed"
+    out.print(
+        f"{verb} {len(report.removed)} entries ({_human(report.freed_bytes)}); "
+        f"kept {report.kept} ({_human(report.kept_bytes)})"
+    )
 
 
 @main.command("inspect")

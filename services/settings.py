@@ -29,6 +29,12 @@ class Settings(BaseSettings):
         default="development", description="development | production; production refuses unsafe defaults."
     )
     cache_dir: Path = Field(default_factory=_default_cache, description="Local scratch space and artifact cache.")
+    cache_max_bytes: int = Field(
+        default=0,
+        ge=0,
+        description="Cap on the local artifact cache (<cache_dir>/store) in bytes; 0 = no cap. `kiln compile` prunes "
+        "least recently used entries down to it after each job, `kiln cache prune` on demand.",
+    )
 
     # --- where things live ---
     repository: str = Field(
