@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -27,6 +27,8 @@ class BenchmarkResult:
     throughput: float
     iterations: int
     warmup: int
+    #: The input shapes timed (open non-batch axes take the spec's opt, else 16: see resolve_shape).
+    shapes: dict[str, list[int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -51,7 +53,8 @@ def benchmark_runner(
     """Time ``runner`` at each batch size in the settings; fixed-batch models run their own size."""
     settings = settings or spec.bench
     results = []
-    sizes = list(settings.batch_sizes)
+    chosen = bool(settings.batch_sizes)
+    sizes = list(settings.batch_sizes) if settings.batch_sizes else spec.benchmark_batch_sizes
     fixed = runner.inputs[0].shape[0] if runner.inputs and runner.inputs[0].shape else None
     if fixed is not None and fixed not in sizes:
         sizes = [fixed]
@@ -59,6 +62,13 @@ def benchmark_runner(
         feeds = _feeds_for_batch(runner, spec, batch)
         if feeds is None:
             continue
+        if not chosen and batch > 1:
+            # A default size beyond 1: some exports declare an open batch axis their graph does
+            # not honour (a reshape to a fixed batch). Such a model is timed at the sizes it runs.
+            try:
+                runner.run(feeds)
+            except Exception:
+                continue
         for _ in range(settings.warmup):
             runner.run(feeds)
         times = np.empty(settings.iterations)
@@ -77,6 +87,7 @@ def benchmark_runner(
                 throughput=float(batch / times.mean()),
                 iterations=settings.iterations,
                 warmup=settings.warmup,
+                shapes={name: list(arr.shape) for name, arr in feeds.items()},
             )
         )
     return results

@@ -7,6 +7,7 @@ Helm chart's ConfigMap/Secret use exactly these names).
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -20,6 +21,11 @@ def _default_cache() -> Path:
     return Path.home() / ".cache" / "kiln"
 
 
+def _default_data() -> Path:
+    # XDG's data home: what must survive a cache wipe (the embedded job database).
+    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "kiln"
+
+
 class Settings(BaseSettings):
     """Configuration from ``KILN_*`` environment variables (and an optional .env file)."""
 
@@ -29,6 +35,11 @@ class Settings(BaseSettings):
         default="development", description="development | production; production refuses unsafe defaults."
     )
     cache_dir: Path = Field(default_factory=_default_cache, description="Local scratch space and artifact cache.")
+    data_dir: Path = Field(
+        default_factory=_default_data,
+        description="Kiln's own data that must outlive the cache: the embedded SQLite job database "
+        "(~/.local/share/kiln, or $XDG_DATA_HOME/kiln).",
+    )
     cache_max_bytes: int = Field(
         default=0,
         ge=0,
@@ -58,7 +69,7 @@ class Settings(BaseSettings):
 
     # --- service ---
     database_url: str = Field(
-        default="", description="SQLAlchemy URL of the job store; empty = SQLite under cache_dir (embedded default)."
+        default="", description="SQLAlchemy URL of the job store; empty = SQLite under data_dir (embedded default)."
     )
     broker_url: str = Field(
         default="", description="Celery broker URL (redis://...); empty = the embedded broker that needs no server."

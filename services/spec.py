@@ -118,7 +118,12 @@ class BenchmarkSpec(_Strict):
     """Latency/throughput measurement of each artifact on its engine."""
 
     enabled: bool = True
-    batch_sizes: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [1])
+    batch_sizes: list[Annotated[int, Field(ge=1)]] | None = Field(
+        default=None,
+        min_length=1,
+        description="Batch sizes to time. Unset: 1 and the largest the batch axis allows (the inputs' max[0], "
+        "max_batch_size), up to 8. A model with a fixed batch axis runs its own size.",
+    )
     warmup: int = Field(default=5, ge=0, description="Runs discarded before timing.")
     iterations: int = Field(default=50, ge=1, description="Timed runs per batch size.")
 
@@ -145,6 +150,10 @@ class ServingSpec(_Strict):
         description="Where Triton runs onnxruntime models: cpu (instance_group KIND_CPU) or gpu (KIND_GPU, "
         "onnxruntime's CUDA provider). Parity is checked on the CPU provider either way.",
     )
+
+
+#: The largest batch size timed by default: enough to show batching's effect, small enough to be quick.
+DEFAULT_BENCHMARK_MAX_BATCH = 8
 
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
@@ -200,6 +209,17 @@ class CompileSpec(_Strict):
         """Return the smallest ``max[0]`` among the inputs' shape profiles, or None without profiles."""
         limits = [i.max[0] for i in self.inputs.values() if i.max]
         return min(limits) if limits else None
+
+    @property
+    def benchmark_batch_sizes(self) -> list[int]:
+        """Return the batch sizes to time: the spec's, else 1 and the largest allowed up to 8."""
+        if self.bench.batch_sizes:
+            return list(self.bench.batch_sizes)
+        top = DEFAULT_BENCHMARK_MAX_BATCH
+        for bound in (self.batch_limit, self.max_batch_size):
+            if bound:
+                top = min(top, bound)
+        return sorted({1, top})
 
     @property
     def bench(self) -> BenchmarkSpec:

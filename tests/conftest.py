@@ -32,6 +32,12 @@ def transformer_onnx(models_dir: Path) -> Path:
     return tiny_transformer_onnx(models_dir / "transformer.onnx")
 
 
+@pytest.fixture(autouse=True)
+def _own_data_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Give each test its own KILN_DATA_DIR (the embedded job database), never the user's."""
+    monkeypatch.setenv("KILN_DATA_DIR", str(tmp_path_factory.mktemp("kiln-data")))
+
+
 @pytest.fixture
 def repo_dir(tmp_path: Path) -> Path:
     return tmp_path / "repo"

@@ -77,3 +77,42 @@ def test_every_batch_size_is_recorded_with_the_artifact(cnn_onnx: Path, store, r
     for r in rows:
         assert 0 < r["p50_ms"] <= r["p90_ms"] <= r["p99_ms"] and r["iterations"] == 10 and r["warmup"] == 2
         assert r["throughput"] > 0
+
+
+def _default_spec(**extra):
+    return load_spec({"targets": ["onnxruntime"], "benchmark": {"warmup": 1, "iterations": 3}, **extra})
+
+
+def test_default_batch_sizes_are_one_and_the_largest_allowed_up_to_8() -> None:
+    assert _default_spec().benchmark_batch_sizes == [1, 8]
+    assert _default_spec(max_batch_size=4).benchmark_batch_sizes == [1, 4]
+    assert _default_spec(max_batch_size=0).benchmark_batch_sizes == [1, 8]  # batching off in Triton only
+    profile = {"x": {"min": [1, 4], "opt": [2, 4], "max": [3, 4]}}
+    assert _default_spec(inputs=profile).benchmark_batch_sizes == [1, 3]
+    one = {"x": {"min": [1, 4], "opt": [1, 4], "max": [1, 4]}}
+    assert _default_spec(inputs=one).benchmark_batch_sizes == [1]
+
+    runner = _ScriptedRunner(slow=0)
+    rows = benchmark_runner(runner, _default_spec())
+    assert [r.batch_size for r in rows] == [1, 8]
+    assert [r.shapes for r in rows] == [{"x": [1, 4]}, {"x": [8, 4]}]  # what was timed, on record
+
+
+class _BatchOneOnly(_ScriptedRunner):
+    """Declares an open batch axis but fails above 1, as some exports with a fixed reshape do."""
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if feeds["x"].shape[0] != 1:
+            raise RuntimeError("Reshape: cannot reshape [8,4] to [1,4]")
+        return super().run(feeds)
+
+
+def test_a_default_size_the_model_cannot_run_is_left_out_but_a_chosen_one_fails() -> None:
+    rows = benchmark_runner(_BatchOneOnly(slow=0), _default_spec())
+    assert [r.batch_size for r in rows] == [1]
+    try:
+        benchmark_runner(_BatchOneOnly(slow=0), _spec([1, 8], warmup=1, iterations=3))
+    except RuntimeError as exc:
+        assert "Reshape" in str(exc)
+    else:
+        raise AssertionError("an explicitly asked batch size must not be skipped silently")

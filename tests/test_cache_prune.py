@@ -126,3 +126,15 @@ def test_cache_cap_and_prune_command_end_to_end(cnn_onnx: Path, tmp_path: Path) 
 
     bad = _kiln("cache", "prune", "--cache-dir", str(cache))
     assert bad.returncode == 2 and "INVALID_SPEC" in bad.stderr and "--older-than" in bad.stderr
+
+
+def test_the_job_database_lives_in_the_data_dir_not_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from services.jobs.db import database_url
+    from services.settings import Settings
+
+    settings = Settings(cache_dir=tmp_path / "cache", data_dir=tmp_path / "data")
+    assert database_url(settings) == f"sqlite:///{(tmp_path / 'data' / 'kiln.db').resolve()}"
+    assert not (tmp_path / "cache").exists()  # nothing of the job store in the cache
+    monkeypatch.delenv("KILN_DATA_DIR")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert Settings().data_dir == tmp_path / "xdg" / "kiln"  # the default: XDG's data home

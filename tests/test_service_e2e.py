@@ -303,6 +303,6 @@ def test_the_same_flow_passes_in_the_embedded_default(embedded: tuple[str, Proc,
     job_id = submit(base, cnn_onnx, SPEC).json()["id"]
     _check_finished_job(base, job_id, read_sse(base, job_id))
     assert (root / "repo" / "triton" / "cnn-openvino" / "1" / "model.xml").exists()
-    assert (root / "cache" / "kiln.db").exists()  # SQLite, no server
+    assert (root / "cache" / "data" / "kiln.db").exists()  # SQLite, no server, in the data dir (service_env)
     again = wait_job(base, submit(base, cnn_onnx, SPEC).json()["id"])
     assert again["cached"] is True and again["server_seconds"] < 1.0, again["server_seconds"]
