@@ -93,6 +93,9 @@ class TargetPublic(BaseModel):
     error: ErrorPublic | None = None
     parity: dict[str, Any] | None = None
     benchmark: list[dict[str, Any]] = Field(default_factory=list)
+    vs_fp32: dict[str, Any] | None = Field(
+        default=None, description="fp16/int8 timed against fp32 on the same engine: rows, verdict, which to deploy."
+    )
     published: dict[str, Any] | None = Field(default=None, description="Repository name, version and URI.")
     artifact_uri: str | None = None
     download_url: str | None = Field(default=None, description="GET this for a tar of the exported artifact.")

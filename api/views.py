@@ -93,6 +93,7 @@ def job_public(job: Job, store: ArtifactStore) -> JobPublic:
                 error=_error(res.get("error")) if status != "succeeded" else None,
                 parity=res.get("parity"),
                 benchmark=res.get("benchmark") or [],
+                vs_fp32=res.get("vs_fp32"),
                 published=res.get("published"),
                 artifact_uri=_uri(store, export_key),
                 download_url=f"/jobs/{job.id}/artifacts/{target}" if export_key else None,
@@ -108,6 +109,7 @@ def job_public(job: Job, store: ArtifactStore) -> JobPublic:
             error=_error(failed.error) if failed is not None else None,
             parity=meta.get("parity"),
             benchmark=meta.get("benchmark") or [],
+            vs_fp32=meta.get("vs_fp32"),
             artifact_uri=_uri(store, export_key),
             download_url=f"/jobs/{job.id}/artifacts/{target}" if export_key else None,
         )

@@ -192,6 +192,10 @@ def _summary_rows(result: Any) -> list[dict[str, str]]:
         if t.benchmark:
             b = t.benchmark[0]
             latency = f"{b['p50_ms']:.2f} ms (b{b['batch_size']})"
+        vs = getattr(t, "vs_fp32", None)
+        if vs and vs.get("rows"):
+            top = vs["rows"][-1]  # the largest batch timed
+            latency += f"\n{top['speedup']:.2f}x fp32 (b{top['batch_size']}): deploy {vs['deploy']}"
         where = t.published["uri"] if t.published else "-"
         rows.append(
             {"target": t.target, "status": status, "route": t.route, "parity": _fmt_parity(t.parity),

@@ -12,7 +12,7 @@ from services.runners.base import ModelRunner
 from services.spec import BenchmarkSpec, CompileSpec
 from services.validation.inputs import random_input, resolve_shape
 
-__all__ = ["BenchmarkResult", "benchmark_runner"]
+__all__ = ["BenchmarkResult", "benchmark_runner", "compare_with_fp32"]
 
 
 @dataclass
@@ -91,3 +91,53 @@ def benchmark_runner(
             )
         )
     return results
+
+
+#: Speed-ups within this band of 1.0 are timing noise on a shared machine, not a difference.
+SAME_BAND = 0.05
+
+
+def compare_with_fp32(
+    runner: ModelRunner, fp32: ModelRunner, spec: CompileSpec, precision: str, batch_sizes: list[int]
+) -> dict[str, Any]:
+    """Time ``runner`` against the same model at fp32 on the same engine, interleaved; say which to deploy.
+
+    Runs alternate (artifact, fp32, artifact, ...) so drift in the machine's load hits both
+    alike. ``speedup`` is fp32's p50 over the artifact's: above 1 the artifact is faster.
+    """
+    settings = spec.bench
+    rows = []
+    for batch in batch_sizes:
+        feeds = _feeds_for_batch(runner, spec, batch)
+        if feeds is None:
+            continue
+        base_feeds = dict(zip([t.name for t in fp32.inputs], feeds.values(), strict=False))
+        for _ in range(settings.warmup):
+            runner.run(feeds)
+            fp32.run(base_feeds)
+        times = np.empty((2, settings.iterations))
+        for i in range(settings.iterations):
+            for j, (r, f) in enumerate(((runner, feeds), (fp32, base_feeds))):
+                t0 = time.perf_counter()
+                r.run(f)
+                times[j, i] = time.perf_counter() - t0
+        p50, base_p50 = (float(np.percentile(t * 1e3, 50)) for t in times)
+        rows.append({"batch_size": batch, "p50_ms": p50, "fp32_p50_ms": base_p50, "speedup": base_p50 / p50})
+    speedups = [r["speedup"] for r in rows]
+    if not speedups:
+        verdict = "unmeasured"
+    elif min(speedups) >= 1 + SAME_BAND:
+        verdict = "faster"
+    elif max(speedups) < 1 - SAME_BAND:
+        verdict = "slower"
+    else:
+        verdict = "same"
+    deploy = precision if verdict == "faster" else "fp32"
+    reason = {
+        "faster": f"{precision} is faster than fp32 at every batch size timed",
+        "slower": f"{precision} is slower than fp32 at every batch size timed",
+        "same": f"{precision} is not clearly faster than fp32 (within {SAME_BAND:.0%} at some batch size); "
+        "fp32 unless its smaller size matters",
+        "unmeasured": "no batch size could be timed",
+    }[verdict]
+    return {"precision": precision, "rows": rows, "verdict": verdict, "deploy": deploy, "reason": reason}

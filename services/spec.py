@@ -126,6 +126,11 @@ class BenchmarkSpec(_Strict):
     )
     warmup: int = Field(default=5, ge=0, description="Runs discarded before timing.")
     iterations: int = Field(default=50, ge=1, description="Timed runs per batch size.")
+    require_no_slower_than_fp32: bool = Field(
+        default=False,
+        description="fp16/int8 on onnxruntime or openvino: fail the target (SLOWER_THAN_FP32) when it is slower "
+        "than the same model at fp32 on the same engine, timed side by side.",
+    )
 
 
 class ValidationSpec(_Strict):

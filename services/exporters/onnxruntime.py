@@ -126,5 +126,11 @@ def export_onnxruntime(ctx: StepContext) -> Artifact:
         scratch.mkdir(parents=True, exist_ok=True)
         details["int8"] = {**quantize_int8(src, dst, feeds, scratch), "calibration_data": label}
     return finish_export(
-        ctx, fmt=Format.ONNX, entry=MODEL_FILE, precision=precision, serving=SERVING, engine_details=details
+        ctx,
+        fmt=Format.ONNX,
+        entry=MODEL_FILE,
+        precision=precision,
+        serving=SERVING,
+        engine_details=details,
+        fp32_baseline=src,  # the optimised fp32 model this export started from
     )

@@ -217,6 +217,13 @@ def export_openvino(ctx: StepContext) -> Artifact:
         "ovms/config.json). Triton's OpenVINO backend has no f32 setting (only HINT_BF16=YES): it "
         "runs the CPU plugin's default, bf16 on CPUs with AVX512-BF16/AMX, which was not checked here",
     }
+    baseline = None
+    if precision is not Precision.FP32 and ctx.spec.bench.enabled:
+        # The same model at fp32, to time the artifact against (kept out of the artifact).
+        baseline_dir = ctx.scratch / "openvino-fp32-baseline"
+        baseline_dir.mkdir(parents=True, exist_ok=True)
+        save_ir(model, baseline_dir, compress_to_fp16=False)
+        baseline = baseline_dir / IR_FILE
     if precision is Precision.FP32:
         save_ir(model, ctx.out_dir, compress_to_fp16=False)
     elif precision is Precision.FP16:
@@ -245,4 +252,5 @@ def export_openvino(ctx: StepContext) -> Artifact:
         serving=SERVING,
         runner_options={"inference_precision": PARITY_INFERENCE_PRECISION},
         engine_details=details,
+        fp32_baseline=baseline,
     )

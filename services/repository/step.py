@@ -42,6 +42,7 @@ def build_manifest(ctx: StepContext, exported: Artifact) -> dict[str, Any]:
         "io": meta.get("io"),
         "parity": meta.get("parity"),
         "benchmark": meta.get("benchmark"),
+        "vs_fp32": meta.get("vs_fp32"),
         "engine_details": meta.get("engine_details", {}),
         "spec": ctx.spec.model_dump(mode="json"),
     }
