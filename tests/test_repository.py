@@ -269,3 +269,23 @@ def test_concurrent_publishers_get_distinct_versions(tmp_path: Path) -> None:
         t.join()
     assert sorted(got) == [1, 2, 3, 4, 5, 6]
     assert repo.versions("triton/m") == [1, 2, 3, 4, 5, 6]
+
+
+def test_onnxruntime_on_gpu_when_the_spec_asks(cnn_onnx: Path, store, repository, repo_dir: Path) -> None:
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    from services.pipeline import compile_model
+    from services.spec import load_spec
+
+    for name, device, kind in (
+        ("cpu", "cpu", mc.ModelInstanceGroup.KIND_CPU),
+        ("gpu", "gpu", mc.ModelInstanceGroup.KIND_GPU),
+    ):
+        spec = load_spec(
+            {"targets": ["onnxruntime"], "name": name, "benchmark": False, "serving": {"onnxruntime_device": device}}
+        )
+        assert compile_model(cnn_onnx, spec, store=store, repository=repository).ok
+        cfg = _triton((repo_dir / "triton" / name / "config.pbtxt").read_text())
+        assert [g.kind for g in cfg.instance_group] == [kind]
+        # No benchmark, open batch axis: the default limit, and no preferred sizes to offer.
+        assert cfg.max_batch_size == 8 and list(cfg.dynamic_batching.preferred_batch_size) == []
