@@ -150,6 +150,15 @@ class ServingSpec(_Strict):
         "repository for later publishes; unset = the recorded one, else KILN_SERVING_ROOT, else the repository's "
         "own location.",
     )
+
+    @field_validator("root")
+    @classmethod
+    def _absolute_root(cls, v: str | None) -> str | None:
+        # A relative base_path is resolved against each server's working directory: never what was meant.
+        if v is not None and not (v.startswith("/") or "://" in v):
+            raise ValueError("must be an absolute path (e.g. /models) or a URL (e.g. s3://bucket/prefix)")
+        return v
+
     onnxruntime_device: Literal["cpu", "gpu"] = Field(
         default="cpu",
         description="Where Triton runs onnxruntime models: cpu (instance_group KIND_CPU) or gpu (KIND_GPU, "

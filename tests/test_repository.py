@@ -289,3 +289,13 @@ def test_onnxruntime_on_gpu_when_the_spec_asks(cnn_onnx: Path, store, repository
         assert [g.kind for g in cfg.instance_group] == [kind]
         # No benchmark, open batch axis: the default limit, and no preferred sizes to offer.
         assert cfg.max_batch_size == 8 and list(cfg.dynamic_batching.preferred_batch_size) == []
+
+
+@pytest.mark.parametrize("root", ["models", "./models", ""])
+def test_a_relative_serving_root_is_refused(root: str) -> None:
+    from services.errors import InvalidSpec
+    from services.spec import load_spec
+
+    with pytest.raises(InvalidSpec, match=r"serving\.root"):
+        load_spec({"targets": ["onnxruntime"], "serving": {"root": root}})
+    assert load_spec({"targets": ["onnxruntime"], "serving": {"root": "s3://b/p"}}).serving.root == "s3://b/p"
