@@ -96,6 +96,9 @@ class TargetPublic(BaseModel):
     warnings: list[str] = Field(
         default_factory=list, description="Fallbacks the export took (e.g. dynamic-range int8), also in the manifest."
     )
+    vs_fp32: dict[str, Any] | None = Field(
+        default=None, description="fp16/int8 timed against fp32 on the same engine: rows, verdict, which to deploy."
+    )
     published: dict[str, Any] | None = Field(default=None, description="Repository name, version and URI.")
     artifact_uri: str | None = None
     download_url: str | None = Field(default=None, description="GET this for a tar of the exported artifact.")
@@ -192,6 +195,7 @@ class VersionPublic(BaseModel):
 
 class ModelPublic(BaseModel):
     name: str
+    root: str = Field(description="The server root it is published under: triton, tfserving or tflite.")
     target: str | None
     format: str | None
     versions: list[VersionPublic]

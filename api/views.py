@@ -104,6 +104,7 @@ def job_public(job: Job, store: ArtifactStore) -> JobPublic:
                 parity=res.get("parity"),
                 benchmark=res.get("benchmark") or [],
                 warnings=res.get("warnings") or [],
+                vs_fp32=res.get("vs_fp32"),
                 published=res.get("published"),
                 artifact_uri=_uri(store, export_key),
                 download_url=f"/jobs/{job.id}/artifacts/{target}" if export_key else None,
@@ -120,6 +121,7 @@ def job_public(job: Job, store: ArtifactStore) -> JobPublic:
             parity=meta.get("parity"),
             benchmark=meta.get("benchmark") or [],
             warnings=meta.get("warnings") or [],
+            vs_fp32=meta.get("vs_fp32"),
             artifact_uri=_uri(store, export_key),
             download_url=f"/jobs/{job.id}/artifacts/{target}" if export_key else None,
         )

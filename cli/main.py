@@ -11,7 +11,9 @@ import json
 import os
 import sys
 import tempfile
+import uuid
 from collections.abc import Callable
+from contextlib import nullcontext
 from functools import wraps
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,6 +22,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from cli.tool_output import tool_output_to
 from services.errors import KilnError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -73,6 +76,25 @@ def main() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
+def parse_input_flag(text: str) -> tuple[str, dict[str, Any]]:
+    """Return ``(name, InputSpec fields)`` from ``NAME:SHAPE`` or ``NAME:MIN,OPT,MAX`` (shapes as 1x3x224x224)."""
+    from services.errors import InvalidSpec
+
+    name, sep, shapes = text.rpartition(":")
+    hint = "Write --input NAME:1x3x224x224 (-1 keeps an axis open) or NAME:MIN,OPT,MAX, e.g. x:1x3x224x224,8x3x224x224,32x3x224x224."
+    try:
+        if not sep or not name:
+            raise ValueError("no NAME:")
+        dims = [[int(d) for d in shape.lower().split("x")] for shape in shapes.split(",")]
+    except ValueError:
+        raise InvalidSpec(f"--input {text!r} is not NAME:SHAPE", hint=hint) from None
+    if len(dims) == 1:
+        return name, {"shape": dims[0]}
+    if len(dims) == 3:
+        return name, {"min": dims[0], "opt": dims[1], "max": dims[2]}
+    raise InvalidSpec(f"--input {text!r} gives {len(dims)} shapes; one, or three (min,opt,max)", hint=hint)
+
+
 def _build_spec(
     spec_file: Path | None,
     targets: tuple[str, ...],
@@ -81,10 +103,20 @@ def _build_spec(
     calibration: Path | None,
     version: int | None,
     no_benchmark: bool,
+    inputs: tuple[str, ...] = (),
+    max_batch_size: int | None = None,
+    serving_root: str | None = None,
 ) -> Any:
     from services.spec import load_spec
 
     data: dict[str, Any] = json.loads(spec_file.read_text()) if spec_file else {}
+    for flag in inputs:
+        input_name, fields = parse_input_flag(flag)
+        data.setdefault("inputs", {})[input_name] = fields
+    if max_batch_size is not None:
+        data["max_batch_size"] = max_batch_size
+    if serving_root:
+        data.setdefault("serving", {})["root"] = serving_root
     if targets:
         data["targets"] = list(targets)
     if precision:
@@ -124,6 +156,16 @@ def _event_printer(progress_lines: bool) -> Callable[[dict[str, Any]], None]:
     return on_event
 
 
+def _log_events(log: Path) -> Callable[[dict[str, Any]], None]:
+    """Return an event handler that appends each event, one JSON line, to the job's log (``-q``)."""
+
+    def on_event(e: dict[str, Any]) -> None:
+        with open(log, "a") as fh:
+            fh.write(json.dumps({k: v for k, v in e.items() if k != "plan"}, default=str) + "\n")
+
+    return on_event
+
+
 def _fmt_parity(parity: dict[str, Any] | None) -> str:
     if not parity or not parity.get("outputs"):
         return "-"
@@ -135,10 +177,13 @@ def _fmt_parity(parity: dict[str, Any] | None) -> str:
     return text + (f" top1 {min(top1):.0%}" if top1 else "")
 
 
-def _summary_table(result: Any) -> Table:
-    table = Table(title=f"kiln job {result.job_id}")
-    for col in ("target", "status", "route", "parity", "p50 latency", "artifact"):
-        table.add_column(col, overflow="fold")
+#: Below this width the summary leaves route and artifact out of the table and lists them
+#: under it, so no cell folds mid-path.
+_WIDE_SUMMARY = 120
+
+
+def _summary_rows(result: Any) -> list[dict[str, str]]:
+    rows = []
     for t in result.targets.values():
         status = (
             "[green]succeeded[/]" if t.status == "succeeded" else f"[red]{t.error['code'] if t.error else t.status}[/]"
@@ -149,9 +194,43 @@ def _summary_table(result: Any) -> Table:
         if t.benchmark:
             b = t.benchmark[0]
             latency = f"{b['p50_ms']:.2f} ms (b{b['batch_size']})"
+        vs = getattr(t, "vs_fp32", None)
+        if vs and vs.get("rows"):
+            top = vs["rows"][-1]  # the largest batch timed
+            latency += f"\n{top['speedup']:.2f}x fp32 (b{top['batch_size']}): deploy {vs['deploy']}"
         where = t.published["uri"] if t.published else "-"
-        table.add_row(t.target, status, t.route, _fmt_parity(t.parity), latency, where)
-    return table
+        rows.append(
+            {"target": t.target, "status": status, "route": t.route, "parity": _fmt_parity(t.parity),
+             "p50 latency": latency, "artifact": where}
+        )  # fmt: skip
+    return rows
+
+
+def _summary_table(result: Any, width: int | None = None) -> tuple[Table, list[str]]:
+    """Return the job's summary table and the lines to print under it.
+
+    At 120 columns and more the table holds every column. Narrower, route and artifact go
+    under the table, one target each, printed without folding so a path stays one string.
+    """
+    rows = _summary_rows(result)
+    wide = (width or out.width) >= _WIDE_SUMMARY
+    columns = ["target", "status", "route", "parity", "p50 latency", "artifact"]
+    if not wide:
+        columns = ["target", "status", "parity", "p50 latency"]
+    table = Table(title=f"kiln job {result.job_id}")
+    for col in columns:
+        table.add_column(col, overflow="fold", no_wrap=col in ("target", "p50 latency"))
+    for row in rows:
+        table.add_row(*(row[c] for c in columns))
+    below = [] if wide else [f"[bold]{r['target']}[/]: {r['route']} → {r['artifact']}" for r in rows]
+    return table, below
+
+
+def _print_summary(result: Any) -> None:
+    table, below = _summary_table(result)
+    out.print(table)
+    for line in below:
+        out.print(line, soft_wrap=True)
 
 
 @main.command("compile")
@@ -178,10 +257,25 @@ def _summary_table(result: Any) -> Table:
 @click.option(
     "--cache-dir", type=click.Path(file_okay=False, path_type=Path), help="Artifact cache (default ~/.cache/kiln)."
 )
+@click.option(
+    "--input",
+    "inputs",
+    multiple=True,
+    metavar="NAME:SHAPE",
+    help="An input's shape, 1x3x224x224 (-1 = open axis), or MIN,OPT,MAX shapes (repeatable).",
+)
+@click.option("--max-batch-size", type=click.IntRange(min=0), help="Triton max_batch_size (0 = no batching).")
+@click.option(
+    "--serving-root",
+    help="Path at which the servers see the repository (e.g. /models); base_path in their configs. Recorded.",
+)
+@click.option("--dry-run", is_flag=True, help="Print the plan (routes, steps, queues) and exit; runs nothing.")
 @click.option("--no-cache", is_flag=True, help="Run every step even when its output is cached.")
 @click.option("--no-benchmark", is_flag=True, help="Skip latency measurement.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
-@click.option("--quiet", "-q", is_flag=True, help="Only the summary.")
+@click.option(
+    "--quiet", "-q", is_flag=True, help="Only the summary; steps and the engines' own output go to the job's log."
+)
 @handle_errors
 def compile_cmd(
     model: Path,
@@ -193,6 +287,10 @@ def compile_cmd(
     calibration: Path | None,
     spec_file: Path | None,
     cache_dir: Path | None,
+    inputs: tuple[str, ...],
+    max_batch_size: int | None,
+    serving_root: str | None,
+    dry_run: bool,
     no_cache: bool,
     no_benchmark: bool,
     as_json: bool,
@@ -204,20 +302,39 @@ def compile_cmd(
     from services.storage import LocalArtifactStore
     from services.storage.factory import repository_from_url
 
-    spec = _build_spec(spec_file, targets, precision, name, calibration, model_version, no_benchmark)
+    spec = _build_spec(
+        spec_file,
+        targets,
+        precision,
+        name,
+        calibration,
+        model_version,
+        no_benchmark,
+        inputs,
+        max_batch_size,
+        serving_root,
+    )
+    if dry_run:
+        _print_plan(model, spec, as_json)
+        return
     settings = get_settings()
-    store = LocalArtifactStore((cache_dir or settings.cache_dir) / "store")
+    cache = cache_dir or settings.cache_dir
+    store = LocalArtifactStore(cache / "store")
     # The same factory as the service: a directory, file:// or s3:// (an unknown scheme is refused).
     repository = repository_from_url(repo or settings.repository, settings)
     repository.model_names()  # reach it now: a wrong bucket or endpoint fails before any work, not after
-    result = compile_model(
-        model,
-        spec,
-        store=store,
-        repository=repository,
-        on_event=(lambda e: None) if quiet else _event_printer(progress_lines=True),
-        use_cache=not no_cache,
-    )
+    job_id = uuid.uuid4().hex[:12]
+    log = cache / "logs" / f"{job_id}.log"
+    with tool_output_to(log) if quiet else nullcontext(log):
+        result = compile_model(
+            model,
+            spec,
+            store=store,
+            repository=repository,
+            on_event=_log_events(log) if quiet else _event_printer(progress_lines=True),
+            use_cache=not no_cache,
+            job_id=job_id,
+        )
     if as_json:
         out.print_json(
             json.dumps(
@@ -231,10 +348,14 @@ def compile_cmd(
             )
         )
     else:
-        out.print(_summary_table(result))
+        _print_summary(result)
         for t in result.targets.values():
             for warning in t.warnings:
-                out.print(f"[yellow]warning[/] {t.target}: {warning}")
+                out.print(f"[yellow]warning[/] {t.target}: {warning}", soft_wrap=True)
+    if quiet:
+        console.print(f"[dim]tool output and steps: {log}[/]", soft_wrap=True)
+    if settings.cache_max_bytes:
+        _enforce_cache_cap(store.root, settings.cache_max_bytes)
     if not result.ok:
         for t in result.targets.values():
             if t.error:
@@ -243,6 +364,95 @@ def compile_cmd(
                     console.print(f"  [yellow]hint[/]: {t.error['hint']}")
         codes = {t.error["code"] for t in result.targets.values() if t.error}
         sys.exit(EXIT_INPUT if codes and codes <= _INPUT_CODES else EXIT_FAILED)
+
+
+def _print_plan(model: Path, spec: Any, as_json: bool) -> None:
+    """Print what ``kiln compile`` would run (the body POST /plan returns), without running it."""
+    from services.formats import open_source
+    from services.graph.planner import plan_routes
+    from services.pipeline.local import default_model_name
+
+    with tempfile.TemporaryDirectory(prefix="kiln-plan-") as tmp:
+        source = open_source(model, Path(tmp), spec.source_format)
+    plan = plan_routes(source.format, spec, default_name=default_model_name(model))
+    body = plan.to_dict()
+    if as_json:
+        out.print_json(json.dumps({"source": source.seen, "plan": body}, default=str))
+        return
+    out.print(f"[bold]source[/]: {source.seen}")
+    for target, route in body["routes"].items():
+        out.print(f"  [cyan]{target}[/]: {route}")
+    table = Table(title="steps (dry run: nothing ran)")
+    for col in ("step", "engine", "queue"):
+        table.add_column(col, overflow="fold")
+    for step in plan.steps:
+        table.add_row(step.id, step.engine, step.queue)
+    out.print(table)
+
+
+def _enforce_cache_cap(root: Path, max_bytes: int) -> None:
+    """Prune the cache to KILN_CACHE_MAX_BYTES; when another job holds it, leave that to a later run."""
+    from services.errors import ServiceUnavailable
+    from services.storage.prune import prune_store
+
+    try:
+        report = prune_store(root, max_bytes=max_bytes)
+    except ServiceUnavailable:
+        return
+    if report.removed:
+        console.print(
+            f"[dim]cache over its cap: removed {len(report.removed)} entries ({_human(report.freed_bytes)})[/]"
+        )
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"  # pragma: no cover - the loop returns
+
+
+@main.group("cache")
+def cache_group() -> None:
+    """The local artifact cache (<cache dir>/store)."""
+
+
+@cache_group.command("prune")
+@click.option("--older-than", metavar="AGE", help="Remove entries unused for AGE (30m, 12h, 7d, 2w).")
+@click.option(
+    "--max-size", metavar="SIZE", help="Then remove least recently used entries until under SIZE (500MB, 10GiB). "
+    "Default: KILN_CACHE_MAX_BYTES."
+)  # fmt: skip
+@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), help="Default ~/.cache/kiln.")
+@click.option("--wait", default=0.0, show_default=True, help="Seconds to wait for running jobs to let go of the cache.")
+@click.option("--dry-run", is_flag=True, help="Say what would go; remove nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@handle_errors
+def cache_prune_cmd(
+    older_than: str | None, max_size: str | None, cache_dir: Path | None, wait: float, dry_run: bool, as_json: bool
+) -> None:
+    """Remove cache entries by age and size; waits for (never disturbs) running jobs."""
+    from services.errors import InvalidSpec
+    from services.settings import get_settings
+    from services.storage.prune import parse_age, parse_size, prune_store
+
+    settings = get_settings()
+    age = parse_age(older_than) if older_than else None
+    size = parse_size(max_size) if max_size else (settings.cache_max_bytes or None)
+    if age is None and size is None:
+        raise InvalidSpec("nothing to prune by", hint="Give --older-than AGE and/or --max-size SIZE.")
+    report = prune_store(
+        (cache_dir or settings.cache_dir) / "store", older_than=age, max_bytes=size, dry_run=dry_run, wait=wait
+    )
+    if as_json:
+        out.print_json(json.dumps(report.to_dict()))
+        return
+    verb = "would remove" if dry_run else "removed"
+    out.print(
+        f"{verb} {len(report.removed)} entries ({_human(report.freed_bytes)}); "
+        f"kept {report.kept} ({_human(report.kept_bytes)})"
+    )
 
 
 @main.command("inspect")

@@ -401,9 +401,11 @@ def check_repository(base_url: str, stack: Stack, job: dict[str, Any]) -> dict[s
             dest = local / obj["Key"][len(prefix) :]
             dest.parent.mkdir(parents=True, exist_ok=True)
             s3.download_file(bucket, obj["Key"], str(dest))
-    model_dir = local / MODEL_NAME
+    model_dir = local / "triton" / MODEL_NAME  # Triton's root in the repository
     if not (model_dir / "config.pbtxt").is_file():
-        raise SmokeFailure(f"s3://{bucket}/{prefix}{MODEL_NAME}/config.pbtxt missing; got {sorted(local.rglob('*'))}")
+        raise SmokeFailure(
+            f"s3://{bucket}/{prefix}triton/{MODEL_NAME}/config.pbtxt missing; got {sorted(local.rglob('*'))}"
+        )
     config = model_config_pb2.ModelConfig()
     text_format.Parse((model_dir / "config.pbtxt").read_text(), config)  # Triton's own proto
     if config.platform != "onnxruntime_onnx":

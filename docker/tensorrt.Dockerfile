@@ -63,6 +63,7 @@ ENV PATH=/opt/kiln/bin:${PATH} \
     PYTHONDONTWRITEBYTECODE=1 \
     HOME=/var/lib/kiln \
     KILN_CACHE_DIR=/var/lib/kiln/cache \
+    KILN_DATA_DIR=/var/lib/kiln/data \
     KILN_ENGINE=tensorrt-${CUDA_VARIANT}
 WORKDIR /var/lib/kiln
 USER 10001:10001

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -12,7 +12,7 @@ from services.runners.base import ModelRunner
 from services.spec import BenchmarkSpec, CompileSpec
 from services.validation.inputs import random_input, refuse_allocation, resolve_shape
 
-__all__ = ["BenchmarkResult", "benchmark_runner"]
+__all__ = ["BenchmarkResult", "benchmark_runner", "compare_with_fp32"]
 
 
 @dataclass
@@ -27,6 +27,8 @@ class BenchmarkResult:
     throughput: float
     iterations: int
     warmup: int
+    #: The input shapes timed (open non-batch axes take the spec's opt, else 16: see resolve_shape).
+    shapes: dict[str, list[int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -57,7 +59,8 @@ def benchmark_runner(
     """Time ``runner`` at each batch size in the settings; fixed-batch models run their own size."""
     settings = settings or spec.bench
     results = []
-    sizes = list(settings.batch_sizes)
+    chosen = bool(settings.batch_sizes)
+    sizes = list(settings.batch_sizes) if settings.batch_sizes else spec.benchmark_batch_sizes
     fixed = runner.inputs[0].shape[0] if runner.inputs and runner.inputs[0].shape else None
     if fixed is not None and fixed not in sizes:
         sizes = [fixed]
@@ -65,6 +68,13 @@ def benchmark_runner(
         feeds = _feeds_for_batch(runner, spec, batch)
         if feeds is None:
             continue
+        if not chosen and batch > 1:
+            # A default size beyond 1: some exports declare an open batch axis their graph does
+            # not honour (a reshape to a fixed batch). Such a model is timed at the sizes it runs.
+            try:
+                runner.run(feeds)
+            except Exception:
+                continue
         for _ in range(settings.warmup):
             runner.run(feeds)
         times = np.empty(settings.iterations)
@@ -83,6 +93,57 @@ def benchmark_runner(
                 throughput=float(batch / times.mean()),
                 iterations=settings.iterations,
                 warmup=settings.warmup,
+                shapes={name: list(arr.shape) for name, arr in feeds.items()},
             )
         )
     return results
+
+
+#: Speed-ups within this band of 1.0 are timing noise on a shared machine, not a difference.
+SAME_BAND = 0.05
+
+
+def compare_with_fp32(
+    runner: ModelRunner, fp32: ModelRunner, spec: CompileSpec, precision: str, batch_sizes: list[int]
+) -> dict[str, Any]:
+    """Time ``runner`` against the same model at fp32 on the same engine, interleaved; say which to deploy.
+
+    Runs alternate (artifact, fp32, artifact, ...) so drift in the machine's load hits both
+    alike. ``speedup`` is fp32's p50 over the artifact's: above 1 the artifact is faster.
+    """
+    settings = spec.bench
+    rows = []
+    for batch in batch_sizes:
+        feeds = _feeds_for_batch(runner, spec, batch)
+        if feeds is None:
+            continue
+        base_feeds = dict(zip([t.name for t in fp32.inputs], feeds.values(), strict=False))
+        for _ in range(settings.warmup):
+            runner.run(feeds)
+            fp32.run(base_feeds)
+        times = np.empty((2, settings.iterations))
+        for i in range(settings.iterations):
+            for j, (r, f) in enumerate(((runner, feeds), (fp32, base_feeds))):
+                t0 = time.perf_counter()
+                r.run(f)
+                times[j, i] = time.perf_counter() - t0
+        p50, base_p50 = (float(np.percentile(t * 1e3, 50)) for t in times)
+        rows.append({"batch_size": batch, "p50_ms": p50, "fp32_p50_ms": base_p50, "speedup": base_p50 / p50})
+    speedups = [r["speedup"] for r in rows]
+    if not speedups:
+        verdict = "unmeasured"
+    elif min(speedups) >= 1 + SAME_BAND:
+        verdict = "faster"
+    elif max(speedups) < 1 - SAME_BAND:
+        verdict = "slower"
+    else:
+        verdict = "same"
+    deploy = precision if verdict == "faster" else "fp32"
+    reason = {
+        "faster": f"{precision} is faster than fp32 at every batch size timed",
+        "slower": f"{precision} is slower than fp32 at every batch size timed",
+        "same": f"{precision} is not clearly faster than fp32 (within {SAME_BAND:.0%} at some batch size); "
+        "fp32 unless its smaller size matters",
+        "unmeasured": "no batch size could be timed",
+    }[verdict]
+    return {"precision": precision, "rows": rows, "verdict": verdict, "deploy": deploy, "reason": reason}

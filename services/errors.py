@@ -22,6 +22,7 @@ __all__ = [
     "ParityFailed",
     "RepositoryConflict",
     "ServiceUnavailable",
+    "SlowerThanFp32",
     "SourceUnreadable",
     "Timeout",
     "Unauthorized",
@@ -116,6 +117,14 @@ class ParityFailed(KilnError):
     )
 
 
+class SlowerThanFp32(KilnError):
+    code = "SLOWER_THAN_FP32"
+    default_hint = (
+        "The spec asks for an artifact no slower than the fp32 one on the same engine; deploy fp32, "
+        "or drop benchmark.require_no_slower_than_fp32 if the smaller size is worth the latency."
+    )
+
+
 class Timeout(KilnError):
     code = "TIMEOUT"
     default_hint = "The step exceeded its time limit; raise it in the settings or simplify the model."
@@ -191,6 +200,7 @@ HTTP_STATUS: dict[str, int] = {
     "ENGINE_UNAVAILABLE": 503,
     "CONVERSION_FAILED": 500,
     "PARITY_FAILED": 500,
+    "SLOWER_THAN_FP32": 500,
     "TIMEOUT": 504,
     "CANCELLED": 409,
     "NOT_FOUND": 404,

@@ -7,6 +7,7 @@ Helm chart's ConfigMap/Secret use exactly these names).
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -20,6 +21,11 @@ def _default_cache() -> Path:
     return Path.home() / ".cache" / "kiln"
 
 
+def _default_data() -> Path:
+    # XDG's data home: what must survive a cache wipe (the embedded job database).
+    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "kiln"
+
+
 class Settings(BaseSettings):
     """Configuration from ``KILN_*`` environment variables (and an optional .env file)."""
 
@@ -29,6 +35,17 @@ class Settings(BaseSettings):
         default="development", description="development | production; production refuses unsafe defaults."
     )
     cache_dir: Path = Field(default_factory=_default_cache, description="Local scratch space and artifact cache.")
+    data_dir: Path = Field(
+        default_factory=_default_data,
+        description="Kiln's own data that must outlive the cache: the embedded SQLite job database "
+        "(~/.local/share/kiln, or $XDG_DATA_HOME/kiln).",
+    )
+    cache_max_bytes: int = Field(
+        default=0,
+        ge=0,
+        description="Cap on the local artifact cache (<cache_dir>/store) in bytes; 0 = no cap. `kiln compile` prunes "
+        "least recently used entries down to it after each job, `kiln cache prune` on demand.",
+    )
 
     # --- where things live ---
     repository: str = Field(
@@ -39,8 +56,11 @@ class Settings(BaseSettings):
     )
     serving_root: str = Field(
         default="",
-        description="Path or URI at which serving engines see the repository (base_path in models.config / "
-        "config.json); empty = the repository's own location.",
+        description="Path at which serving engines see the repository, e.g. /models when it is mounted there "
+        "in their containers: base_path in tfserving/models.config and ovms/config.json becomes "
+        "<serving_root>/<root>/<name>. Empty = the repository's own location (a directory or s3:// URL). "
+        "A job's spec (serving.root) or `kiln compile --serving-root` overrides it and is recorded in the "
+        "repository's kiln-repository.json for later publishes.",
     )
     s3_endpoint_url: str = Field(default="", description="S3-compatible endpoint (MinIO, SeaweedFS); empty = AWS.")
     s3_region: str = Field(default="us-east-1", description="S3 region.")
@@ -49,7 +69,7 @@ class Settings(BaseSettings):
 
     # --- service ---
     database_url: str = Field(
-        default="", description="SQLAlchemy URL of the job store; empty = SQLite under cache_dir (embedded default)."
+        default="", description="SQLAlchemy URL of the job store; empty = SQLite under data_dir (embedded default)."
     )
     broker_url: str = Field(
         default="", description="Celery broker URL (redis://...); empty = the embedded broker that needs no server."

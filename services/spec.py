@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
@@ -23,6 +23,7 @@ __all__ = [
     "CompileSpec",
     "InputSpec",
     "Precision",
+    "ServingSpec",
     "TargetName",
     "Tolerances",
     "ValidationSpec",
@@ -133,9 +134,20 @@ class BenchmarkSpec(_Strict):
     """Latency/throughput measurement of each artifact on its engine."""
 
     enabled: bool = True
-    batch_sizes: list[Annotated[int, Field(ge=1, le=MAX_BATCH)]] = Field(default_factory=lambda: [1], max_length=16)
+    batch_sizes: list[Annotated[int, Field(ge=1, le=MAX_BATCH)]] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=16,
+        description="Batch sizes to time. Unset: 1 and the largest the batch axis allows (the inputs' max[0], "
+        "max_batch_size), up to 8. A model with a fixed batch axis runs its own size.",
+    )
     warmup: int = Field(default=5, ge=0, le=MAX_ITERATIONS, description="Runs discarded before timing.")
     iterations: int = Field(default=50, ge=1, le=MAX_ITERATIONS, description="Timed runs per batch size.")
+    require_no_slower_than_fp32: bool = Field(
+        default=False,
+        description="fp16/int8 on onnxruntime or openvino: fail the target (SLOWER_THAN_FP32) when it is slower "
+        "than the same model at fp32 on the same engine, timed side by side.",
+    )
 
 
 class ValidationSpec(_Strict):
@@ -143,6 +155,36 @@ class ValidationSpec(_Strict):
 
     samples: int = Field(default=8, ge=1, le=1024, description="Number of seeded random samples.")
     seed: int = Field(default=0, ge=0, le=MAX_SEED, description="Seed for the random inputs.")
+
+
+class ServingSpec(_Strict):
+    """How the published repository is served: where servers mount it, which device they run on."""
+
+    root: str | None = Field(
+        default=None,
+        description="Path at which the serving engines see the repository (e.g. /models in their containers); "
+        "base_path in tfserving/models.config and ovms/config.json is <root>/<server root>/<name>. Recorded in the "
+        "repository for later publishes; unset = the recorded one, else KILN_SERVING_ROOT, else the repository's "
+        "own location.",
+    )
+
+    @field_validator("root")
+    @classmethod
+    def _absolute_root(cls, v: str | None) -> str | None:
+        # A relative base_path is resolved against each server's working directory: never what was meant.
+        if v is not None and not (v.startswith("/") or "://" in v):
+            raise ValueError("must be an absolute path (e.g. /models) or a URL (e.g. s3://bucket/prefix)")
+        return v
+
+    onnxruntime_device: Literal["cpu", "gpu"] = Field(
+        default="cpu",
+        description="Where Triton runs onnxruntime models: cpu (instance_group KIND_CPU) or gpu (KIND_GPU, "
+        "onnxruntime's CUDA provider). Parity is checked on the CPU provider either way.",
+    )
+
+
+#: The largest batch size timed by default: enough to show batching's effect, small enough to be quick.
+DEFAULT_BENCHMARK_MAX_BATCH = 8
 
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
@@ -156,8 +198,13 @@ class CompileSpec(_Strict):
     inputs: dict[str, InputSpec] = Field(
         default_factory=dict, description="Per-input shapes, keyed by input name; dynamic axes need shape or opt."
     )
-    max_batch_size: int = Field(
-        default=0, ge=0, le=MAX_BATCH, description="Triton max_batch_size; 0 disables batching."
+    max_batch_size: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_BATCH,
+        description="Triton max_batch_size; 0 disables batching. Unset: the largest batch the artifact takes "
+        "(a TensorRT profile's, else the inputs' max[0]) up to 8 when every input and output has an open batch "
+        "axis, else 0.",
     )
     opset: int | None = Field(default=None, ge=7, le=24, description="ONNX opset for exported graphs.")
     name: str | None = Field(default=None, pattern=NAME_PATTERN, description="Published model name.")
@@ -194,6 +241,7 @@ class CompileSpec(_Strict):
             "without this the submission is refused (503 ENGINE_UNAVAILABLE)."
         ),
     )
+    serving: ServingSpec = Field(default_factory=ServingSpec, description="How servers load the repository.")
 
     @field_validator("targets")
     @classmethod
@@ -218,6 +266,23 @@ class CompileSpec(_Strict):
     @classmethod
     def _benchmark_object(cls, v: BenchmarkSpec | bool) -> BenchmarkSpec | bool:
         return BenchmarkSpec(enabled=v) if isinstance(v, bool) else v
+
+    @property
+    def batch_limit(self) -> int | None:
+        """Return the smallest ``max[0]`` among the inputs' shape profiles, or None without profiles."""
+        limits = [i.max[0] for i in self.inputs.values() if i.max]
+        return min(limits) if limits else None
+
+    @property
+    def benchmark_batch_sizes(self) -> list[int]:
+        """Return the batch sizes to time: the spec's, else 1 and the largest allowed up to 8."""
+        if self.bench.batch_sizes:
+            return list(self.bench.batch_sizes)
+        top = DEFAULT_BENCHMARK_MAX_BATCH
+        for bound in (self.batch_limit, self.max_batch_size):
+            if bound:
+                top = min(top, bound)
+        return sorted({1, top})
 
     @property
     def bench(self) -> BenchmarkSpec:
@@ -292,7 +357,7 @@ def _memory_problems(spec: CompileSpec) -> list[dict[str, Any]]:
             )
         )
         if spec.bench.enabled:
-            for b in spec.bench.batch_sizes:
+            for b in spec.benchmark_batch_sizes:
                 batched = {n: ([b, *shape[1:]] if shape else shape, dt) for n, (shape, dt) in shapes.items()}
                 problems.append(
                     allocation_problem("benchmark.batch_sizes", f"a benchmark batch of {b}", input_bytes(batched))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,24 @@ def cnn_onnx(models_dir: Path) -> Path:
 def transformer_onnx(models_dir: Path) -> Path:
     """A transformer encoder block (LayerNorm, attention with Softmax, GELU) as ONNX, input [N,16,32]."""
     return tiny_transformer_onnx(models_dir / "transformer.onnx")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Keep the embedded job database (KILN_DATA_DIR) out of the user's home for the whole session.
+
+    Session-scoped so it is in place before any module-scoped fixture builds its Settings;
+    those that count jobs give their own data_dir as well.
+    """
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KILN_DATA_DIR", str(tmp_path_factory.mktemp("kiln-data")))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _own_data_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Give each test its own KILN_DATA_DIR (the embedded job database), never the user's."""
+    monkeypatch.setenv("KILN_DATA_DIR", str(tmp_path_factory.mktemp("kiln-data")))
 
 
 @pytest.fixture

@@ -114,6 +114,9 @@ def service_env(**kiln: Any) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
     env["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    if "cache_dir" in kiln:
+        # Each service's embedded job database beside its cache, never the user's own.
+        kiln.setdefault("data_dir", Path(kiln["cache_dir"]) / "data")
     for key, value in kiln.items():
         env[f"KILN_{key.upper()}"] = str(value)
     return env

@@ -19,6 +19,7 @@ from workers.app import create_celery_app
 def _settings(root: Path, **kw: object) -> Settings:
     base: dict[str, object] = {
         "cache_dir": root / "cache",
+        "data_dir": root / "data",
         "repository": str(root / "repo"),
         "artifact_store": str(root / "store"),
         "broker_url": redis_url(14),

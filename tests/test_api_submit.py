@@ -33,6 +33,7 @@ def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
     root = tmp_path_factory.mktemp("api")
     return Settings(
         cache_dir=root / "cache",
+        data_dir=root / "data",
         repository=str(root / "repo"),
         artifact_store=str(root / "store"),
         broker_url=redis_url(14),

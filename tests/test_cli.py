@@ -46,9 +46,9 @@ def test_compile_onnxruntime_and_openvino(cnn_onnx: Path, tmp_path: Path) -> Non
     for column in ("target", "status", "route", "parity", "p50 latency", "artifact"):
         assert column in proc.stdout, column
     assert "onnx → optimize ⇒ onnxruntime" in proc.stdout and "ms (b1)" in proc.stdout
-    assert (repo / "cnn-onnxruntime" / "1" / "model.onnx").is_file()
-    assert (repo / "cnn-openvino" / "1" / "model.xml").is_file()
-    assert (repo / "cnn-openvino" / "1" / "model.bin").is_file()
+    assert (repo / "triton" / "cnn-onnxruntime" / "1" / "model.onnx").is_file()
+    assert (repo / "triton" / "cnn-openvino" / "1" / "model.xml").is_file()
+    assert (repo / "triton" / "cnn-openvino" / "1" / "model.bin").is_file()
 
 
 @pytest.mark.parametrize(
@@ -139,7 +139,7 @@ def test_a_failing_target_exits_non_zero_with_its_code(cnn_onnx: Path, tmp_path:
     assert "PARITY_FAILED" in proc.stdout and "FAIL abs" in proc.stdout  # the row names code and numbers
     assert "hint:" in proc.stderr
     assert "Traceback" not in proc.stderr
-    assert not (tmp_path / "repo" / "cnn" / "1").exists()  # nothing failed is published
+    assert not (tmp_path / "repo" / "triton" / "cnn" / "1").exists()  # nothing failed is published
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "int8"])
@@ -171,7 +171,7 @@ def test_issue_matrix_through_the_command(model: str, precision: str, request, t
     for target, files in (("onnxruntime", {"model.onnx"}), ("openvino", {"model.xml", "model.bin"})):
         t = result["targets"][target]
         assert t["status"] == "succeeded" and t["parity"]["passed"], t
-        version = repo / f"m-{target}" / "1"
+        version = repo / "triton" / f"m-{target}" / "1"
         assert files | {"kiln-manifest.json"} <= {p.name for p in version.iterdir()}
         manifest = json.loads((version / "kiln-manifest.json").read_text())
         assert manifest["precision"] == precision and manifest["parity"]["passed"]
@@ -184,7 +184,7 @@ def test_an_int8_fallback_is_a_warning_in_the_summary(cnn_onnx: Path, tmp_path: 
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "(1 warning)" in proc.stdout
     assert "warning onnxruntime: int8 was calibrated on generated samples" in proc.stdout
-    manifest = json.loads((tmp_path / "repo" / "m" / "1" / "kiln-manifest.json").read_text())
+    manifest = json.loads((tmp_path / "repo" / "triton" / "m" / "1" / "kiln-manifest.json").read_text())
     assert len(manifest["warnings"]) == 1 and "generated samples" in manifest["warnings"][0]
     calib = tmp_path / "calib.npz"
     np.savez(calib, input=np.random.default_rng(1).standard_normal((8, 3, 32, 32)).astype(np.float32))
@@ -218,15 +218,17 @@ def test_an_s3_repository_is_published_to_s3_and_not_to_a_folder(
     env = {**_s3_env(s3_server), **({"KILN_REPOSITORY": url} if how == "environment" else {})}
     proc = run(*args, *(["--repo", url] if how == "flag" else []), cwd=tmp_path, env_extra=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads(proc.stdout)["targets"]["onnxruntime"]["published"]["uri"] == f"{url}/m/1"
-    assert {"m/1/model.onnx", "m/1/kiln-manifest.json", "m/config.pbtxt"} <= _s3_keys(s3_server, prefix)
+    assert json.loads(proc.stdout)["targets"]["onnxruntime"]["published"]["uri"] == f"{url}/triton/m/1"
+    assert {"triton/m/1/model.onnx", "triton/m/1/kiln-manifest.json", "triton/m/config.pbtxt"} <= _s3_keys(
+        s3_server, prefix
+    )
     assert not (tmp_path / "s3:").exists() and list(tmp_path.iterdir()) == [tmp_path / "cache"]
 
     # Unchanged model and spec: the version that holds this artifact stands, no duplicate.
     again = run(*args, *(["--repo", url] if how == "flag" else []), cwd=tmp_path, env_extra=env)
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads(again.stdout)["targets"]["onnxruntime"]["published"]["version"] == 1
-    assert not any(k.startswith("m/2/") for k in _s3_keys(s3_server, prefix))
+    assert not any(k.startswith("triton/m/2/") for k in _s3_keys(s3_server, prefix))
 
 
 def test_an_unreachable_or_unknown_repository_fails_before_compiling(s3_server, cnn_onnx: Path, tmp_path: Path) -> None:
@@ -256,4 +258,72 @@ def test_recompiling_an_unchanged_model_adds_no_version_unless_asked(cnn_onnx: P
     assert version("--version", "1") == 1  # asking for a version that already holds this artifact
     assert version("--version", "7") == 7  # asking for a new one publishes it
     assert version("-p", "fp16") == 8  # a different artifact is a new version
-    assert sorted(int(p.name) for p in (repo / "m").iterdir() if p.is_dir()) == [1, 2, 7, 8]
+    assert sorted(int(p.name) for p in (repo / "triton" / "m").iterdir() if p.is_dir()) == [1, 2, 7, 8]
+
+
+def test_input_max_batch_and_serving_root_flags_reach_the_repository(cnn_onnx: Path, tmp_path: Path) -> None:
+    """--input NAME:MIN,OPT,MAX, --max-batch-size and --serving-root end up in the configs servers read."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    repo = tmp_path / "repo"
+    proc = run(
+        "compile", str(cnn_onnx), "-t", "onnxruntime", "--repo", str(repo), "--name", "cnn", "--no-benchmark",
+        "--input", "input:1x3x32x32,2x3x32x32,4x3x32x32", "--max-batch-size", "4", "--serving-root", "/models",
+        "--cache-dir", str(tmp_path / "cache"),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cfg = text_format.Parse((repo / "triton" / "cnn" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    assert cfg.max_batch_size == 4 and list(cfg.input[0].dims) == [3, 32, 32]
+    ovms = json.loads((repo / "ovms" / "config.json").read_text())
+    assert ovms["model_config_list"][0]["config"]["base_path"] == "/models/triton/cnn"
+    manifest = json.loads((repo / "triton" / "cnn" / "1" / "kiln-manifest.json").read_text())
+    assert manifest["spec"]["inputs"]["input"] == {
+        "shape": None, "min": [1, 3, 32, 32], "opt": [2, 3, 32, 32], "max": [4, 3, 32, 32], "dtype": None,
+    }  # fmt: skip
+
+
+def test_dry_run_prints_the_plan_and_runs_nothing(cnn_onnx: Path, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    proc = run(
+        "compile", str(cnn_onnx), "-t", "onnxruntime", "-t", "openvino", "--repo", str(repo), "--dry-run", "--json",
+        "--cache-dir", str(tmp_path / "cache"),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    body = json.loads(proc.stdout)
+    assert body["plan"]["routes"] == {
+        "onnxruntime": "onnx → optimize ⇒ onnxruntime",
+        "openvino": "onnx → optimize → openvino_ir ⇒ openvino",
+    }
+    assert [s["id"] for s in body["plan"]["steps"]][:2] == ["reference", "optimize"]
+    assert not repo.exists() and not (tmp_path / "cache").exists()  # nothing ran, nothing written
+
+
+@pytest.mark.parametrize("flag", ["x", "x:1x3", "x:1x3,2x3", ":1x3", "x:1xAx3"])
+def test_bad_input_flag_is_invalid_spec(flag: str, cnn_onnx: Path, tmp_path: Path) -> None:
+    proc = run("compile", str(cnn_onnx), "-t", "onnxruntime", "--input", flag, "--dry-run")
+    if flag == "x:1x3":
+        assert proc.returncode == 0, proc.stderr  # well-formed; the planner does not check names
+        return
+    assert proc.returncode == 2 and "INVALID_SPEC" in proc.stderr and "Traceback" not in proc.stderr
+    assert "NAME:1x3x224x224" in proc.stderr  # the hint shows the form
+
+
+def test_quiet_keeps_engine_noise_in_the_log_and_the_summary_fits_80_columns(cnn_onnx: Path, tmp_path: Path) -> None:
+    """-q: stderr carries one line (where the log is); NNCF, onnxruntime and OpenVINO output goes to that log."""
+    cache = tmp_path / "cache"
+    proc = run(
+        "compile", str(cnn_onnx), "-t", "onnxruntime", "-t", "openvino", "-p", "int8", "--repo", str(tmp_path / "repo"),
+        "--name", "cnn", "-q", "--cache-dir", str(cache),
+        env_extra={"COLUMNS": "80"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (log,) = (cache / "logs").glob("*.log")
+    assert proc.stderr.strip().splitlines() == [f"tool output and steps: {log}"]
+    events = [json.loads(line) for line in log.read_text().splitlines() if line.startswith('{"type"')]
+    assert {"step_finished", "finished"} <= {e["type"] for e in events}
+    table, below = proc.stdout.split("└")  # the table, then one line per target: route → artifact
+    assert max(len(line) for line in table.splitlines()) <= 80
+    assert "succeeded" in table and "p50 latency" in table
+    where = str(tmp_path / "repo" / "triton" / "cnn-openvino" / "1")
+    assert f"openvino: onnx → optimize → openvino_ir ⇒ openvino → {where}" in below.splitlines()  # not folded

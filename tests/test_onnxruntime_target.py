@@ -41,7 +41,7 @@ def test_onnxruntime_precisions(model_fixture: str, precision: str, request, sto
         assert out["cosine"] >= tol.min_cosine
         if tol.atol is not None:
             assert out["max_abs"] <= tol.atol + tol.rtol * 10  # outputs are O(1)
-    version_dir = repo_dir / "m" / "1"
+    version_dir = repo_dir / "triton" / "m" / "1"
     artifact = onnx.load(str(version_dir / "model.onnx"))
     graph_in = artifact.graph.input[0].type.tensor_type.elem_type
     assert graph_in == onnx.TensorProto.FLOAT  # fp32 I/O kept at every precision
@@ -54,7 +54,7 @@ def test_onnxruntime_precisions(model_fixture: str, precision: str, request, sto
         assert onnx.TensorProto.INT8 in inits
     from tritonclient.grpc import model_config_pb2
 
-    cfg = text_format.Parse((repo_dir / "m" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    cfg = text_format.Parse((repo_dir / "triton" / "m" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
     assert cfg.platform == "onnxruntime_onnx" and cfg.input[0].name == "input"
     manifest = json.loads((version_dir / "kiln-manifest.json").read_text())
     assert manifest["precision"] == precision and manifest["target"] == "onnxruntime"
@@ -77,7 +77,7 @@ def test_int8_with_calibration_file_and_cache(
     assert first.targets["onnxruntime"].status == "succeeded"
     assert first.targets["onnxruntime"].parity["inputs_from"] == "calibration"
     assert first.targets["onnxruntime"].parity["samples"] == 3  # rows 3, 7, 11 held out for parity
-    manifest = json.loads((repo_dir / "m" / "1" / "kiln-manifest.json").read_text())
+    manifest = json.loads((repo_dir / "triton" / "m" / "1" / "kiln-manifest.json").read_text())
     assert manifest["engine_details"]["int8"]["calibration_data"] == "calibration file"
     assert manifest["engine_details"]["int8"]["samples"] == 9
     again = _compile(cnn_onnx, store, repository, "int8", calibration=str(calib))

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from google.protobuf import text_format
+from ovms_schema import check_ovms_config
 
 from services.errors import KilnError
 from services.formats import Format
@@ -82,7 +83,7 @@ def test_openvino_precisions(model_fixture: str, precision: str, request, store,
     else:
         assert worst > 1e-6  # fp16 weights / int8 really change the numbers
 
-    version_dir = repo_dir / "m" / "1"
+    version_dir = repo_dir / "triton" / "m" / "1"
     assert sorted(p.name for p in version_dir.iterdir()) == ["kiln-manifest.json", "model.bin", "model.xml"]
     types, consts = _ir_layers(version_dir / "model.xml")
     if precision == "fp32":
@@ -96,13 +97,17 @@ def test_openvino_precisions(model_fixture: str, precision: str, request, store,
 
     from tritonclient.grpc import model_config_pb2
 
-    cfg = text_format.Parse((repo_dir / "m" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    cfg = text_format.Parse((repo_dir / "triton" / "m" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
     assert cfg.backend == "openvino" and cfg.platform == ""
     assert cfg.input[0].name == "input" and cfg.output[0].name == "output"
     assert cfg.input[0].data_type == model_config_pb2.TYPE_FP32
-    ovms = json.loads((repo_dir / "config.json").read_text())
+    ovms = json.loads((repo_dir / "ovms" / "config.json").read_text())
     assert [c["config"]["name"] for c in ovms["model_config_list"]] == ["m"]
-    assert ovms["model_config_list"][0]["config"]["base_path"].endswith("m")
+    check_ovms_config(ovms)
+    assert ovms["model_config_list"][0]["config"]["base_path"] == str(repo_dir.resolve() / "triton" / "m")
+    # OVMS would otherwise run bf16 on CPUs that have it; Kiln checked parity at f32.
+    assert ovms["model_config_list"][0]["config"]["plugin_config"] == {"INFERENCE_PRECISION_HINT": "f32"}
+    assert cfg.max_batch_size == 0  # see openvino.SERVING: the backend would pin the batch
 
     manifest = json.loads((version_dir / "kiln-manifest.json").read_text())
     assert manifest["precision"] == precision and manifest["target"] == "openvino"
@@ -150,7 +155,7 @@ def test_int8_with_calibration_file(cnn_onnx: Path, tmp_path: Path, store, repos
     assert (
         target.parity["inputs_from"] == "calibration" and target.parity["samples"] == 3
     )  # rows 3, 7, 11 held out for parity
-    manifest = json.loads((repo_dir / "m" / "1" / "kiln-manifest.json").read_text())
+    manifest = json.loads((repo_dir / "triton" / "m" / "1" / "kiln-manifest.json").read_text())
     assert manifest["engine_details"]["int8"]["calibration_data"] == "calibration file"
     assert manifest["engine_details"]["int8"]["subset_size"] == 9  # the other 9 rows calibrate
 
@@ -161,7 +166,7 @@ def test_parity_failure_is_reported_with_numbers(cnn_onnx: Path, store, reposito
     target = compile_model(cnn_onnx, spec, store=store, repository=repository).targets["openvino"]
     assert target.status == "failed" and target.error["code"] == "PARITY_FAILED"
     assert target.parity["outputs"][0]["max_abs"] > 0
-    assert not (repo_dir / "m").exists()
+    assert not (repo_dir / "triton" / "m").exists()
 
 
 def test_default_route_with_optimizer_and_json_cli(transformer_onnx: Path, tmp_path: Path) -> None:
@@ -193,7 +198,7 @@ def test_default_route_with_optimizer_and_json_cli(transformer_onnx: Path, tmp_p
     assert "Traceback" not in proc.stderr
     text = json.dumps(body, ensure_ascii=False)
     assert "onnx → optimize → openvino_ir ⇒ openvino" in text
-    manifest = json.loads((repo / "enc" / "1" / "kiln-manifest.json").read_text())
+    manifest = json.loads((repo / "triton" / "enc" / "1" / "kiln-manifest.json").read_text())
     assert sorted(s["step"] for s in manifest["steps"]) == [
         "export:openvino",
         "optimize",
@@ -205,7 +210,7 @@ def test_default_route_with_optimizer_and_json_cli(transformer_onnx: Path, tmp_p
     # The optimiser fuses attention, which OpenVINO imports as one SDPA op; detection sees it.
     assert manifest["engine_details"]["int8"]["attention_detected"] is True
     assert manifest["engine_details"]["int8"]["model_type"] == "transformer"
-    types, _ = _ir_layers(repo / "enc" / "1" / "model.xml")
+    types, _ = _ir_layers(repo / "triton" / "enc" / "1" / "model.xml")
     assert types["FakeQuantize"] == manifest["engine_details"]["int8"]["fake_quantize_ops"] > 0
 
 
@@ -303,8 +308,12 @@ def test_openvino_ir_source_is_checked_and_renamed(
     assert target.status == "succeeded", target.error
     assert result.plan.routes["openvino"] == "openvino_ir ⇒ openvino"
     assert target.parity["passed"] and 0 < target.parity["outputs"][0]["max_abs"] < 2e-2
-    assert {p.name for p in (repo_dir / "m" / "1").iterdir()} == {"kiln-manifest.json", "model.bin", "model.xml"}
-    _, consts = _ir_layers(repo_dir / "m" / "1" / "model.xml")
+    assert {p.name for p in (repo_dir / "triton" / "m" / "1").iterdir()} == {
+        "kiln-manifest.json",
+        "model.bin",
+        "model.xml",
+    }
+    _, consts = _ir_layers(repo_dir / "triton" / "m" / "1" / "model.xml")
     assert consts["f16"] > 0
 
 
@@ -408,10 +417,10 @@ def test_tf_sources_compile_directly(source_fixture: str, request, store, reposi
     assert result.plan.routes["openvino"] == f"{fmt} → openvino_ir ⇒ openvino"
     assert target.parity["passed"] and target.parity["outputs"][0]["max_abs"] < 1e-4
     assert target.parity["outputs"][0]["top1"] == 1.0
-    manifest = json.loads((repo_dir / "m" / "1" / "kiln-manifest.json").read_text())
+    manifest = json.loads((repo_dir / "triton" / "m" / "1" / "kiln-manifest.json").read_text())
     assert manifest["source"]["format"] == fmt
     assert sorted(s["step"] for s in manifest["steps"]) == ["export:openvino", "reference", f"{fmt}-to-openvino-ir"]
-    assert (repo_dir / "m" / "1" / "model.bin").stat().st_size > 0
+    assert (repo_dir / "triton" / "m" / "1" / "model.bin").stat().st_size > 0
 
 
 def test_savedmodel_other_signature_and_missing_one(savedmodel_dir: Path, tmp_path: Path) -> None:

@@ -138,6 +138,7 @@ def test_a_pipeline_submits_follows_and_downloads_across_two_engine_workers(clus
     assert any(e["type"] == "progress" for e in events)
     repo = httpx.get(f"{cluster.base}/repository").json()
     names = {m["name"]: m for m in repo["models"]}
+    assert names["cnn-openvino"]["root"] == "triton"
     assert names["cnn-openvino"]["target"] == "openvino" and names["cnn-onnxruntime"]["versions"][0]["job_id"] == job_id
     engines = {e["name"]: e for e in httpx.get(f"{cluster.base}/engines").json()["engines"]}
     assert engines["openvino"]["workers"] == 1 and engines["openvino"]["versions"]["openvino"]
@@ -301,7 +302,7 @@ def test_the_same_flow_passes_in_the_embedded_default(embedded: tuple[str, Proc,
     assert ready == {"status": "ready", "checks": {"broker": "ok", "database": "ok", "storage": "ok"}}
     job_id = submit(base, cnn_onnx, SPEC).json()["id"]
     _check_finished_job(base, job_id, read_sse(base, job_id))
-    assert (root / "repo" / "cnn-openvino" / "1" / "model.xml").exists()
-    assert (root / "cache" / "kiln.db").exists()  # SQLite, no server
+    assert (root / "repo" / "triton" / "cnn-openvino" / "1" / "model.xml").exists()
+    assert (root / "cache" / "data" / "kiln.db").exists()  # SQLite, no server, in the data dir (service_env)
     again = wait_job(base, submit(base, cnn_onnx, SPEC).json()["id"])
     assert again["cached"] is True and again["server_seconds"] < 1.0, again["server_seconds"]

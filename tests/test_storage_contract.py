@@ -195,6 +195,10 @@ class ModelRepositoryContract:
         assert repo.versions("m") == [1, 2, 10]
         assert repo.model_names() == ["m", "other"]
         assert list(repo.iter_versions()) == [("m", 1), ("m", 2), ("m", 10), ("other", 3)]
+        # A server's root is a folder of models (<repo>/triton/<name>/<version>/).
+        repo.write_version("triton/m", 4, version_dir(tmp_path, "t", {"model.onnx": b"t"}))
+        assert repo.model_names("triton") == ["m"] and repo.model_names("tflite") == []
+        assert list(repo.iter_versions("triton")) == [("m", 4)]
 
     def test_write_and_fetch_version(self, repo, tmp_path: Path) -> None:
         files = {"model.xml": b"<net/>", "model.bin": os.urandom(4096), "variables/variables.index": b"idx"}
@@ -289,27 +293,29 @@ class ModelRepositoryContract:
 
         first = compile_model(cnn_onnx, spec(), store=compile_store, repository=repo)
         assert first.ok, first.targets["onnxruntime"].error
-        assert first.targets["onnxruntime"].published["uri"] == repo.uri("cnn/1")
-        assert repo.versions("cnn") == [1]
+        assert first.targets["onnxruntime"].published["uri"] == repo.uri("triton/cnn/1")
+        assert repo.versions("triton/cnn") == [1]
         manifest = read_manifest(repo, "cnn", 1)
         assert manifest["source"]["sha256"] == hashlib.sha256(cnn_onnx.read_bytes()).hexdigest()
         assert manifest["parity"]["passed"] is True
         assert manifest["version"] == 1
 
         # The published model is the model: same outputs as the source on the same input.
-        out = repo.fetch_version("cnn", 1, tmp_path / "fetched")
+        out = repo.fetch_version("triton/cnn", 1, tmp_path / "fetched")
         x = np.random.default_rng(1).standard_normal((2, 3, 32, 32)).astype(np.float32)
         want = ort.InferenceSession(str(cnn_onnx)).run(None, {"input": x})[0]
         got = ort.InferenceSession(str(out / "model.onnx")).run(None, {"input": x})[0]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
-        config = text_format.Parse(repo.read_file("cnn/config.pbtxt").decode(), model_config_pb2.ModelConfig())
+        config = text_format.Parse(repo.read_file("triton/cnn/config.pbtxt").decode(), model_config_pb2.ModelConfig())
         assert (config.name, config.platform) == ("cnn", "onnxruntime_onnx")
-        ovms = json.loads(repo.read_file("config.json"))
+        assert config.max_batch_size == 8 and list(config.input[0].dims) == [3, 32, 32]  # open batch axis
+        ovms = json.loads(repo.read_file("ovms/config.json"))
         assert ovms["model_config_list"][0]["config"] == {
             "name": "cnn",
-            "base_path": repo.base_path("cnn"),
+            "base_path": repo.base_path("triton/cnn"),
             "model_version_policy": {"all": {}},
+            "plugin_config": {"INFERENCE_PRECISION_HINT": "f32"},
         }
 
         second = compile_model(cnn_onnx, spec(), store=compile_store, repository=repo)
@@ -321,16 +327,23 @@ class ModelRepositoryContract:
             "publish:onnxruntime": False,
         }
         # The same artifact again: version 1 holds it, so nothing is published twice.
-        assert second.targets["onnxruntime"].published["uri"] == repo.uri("cnn/1")
+        assert second.targets["onnxruntime"].published["uri"] == repo.uri("triton/cnn/1")
         assert second.steps["publish:onnxruntime"].meta["reused"] is True
-        assert repo.versions("cnn") == [1]
+        assert repo.versions("triton/cnn") == [1]
         rebuilt = compile_model(cnn_onnx, spec(), store=compile_store, repository=repo, use_cache=False)
-        assert rebuilt.targets["onnxruntime"].published["uri"] == repo.uri("cnn/2")  # a rebuild asks for one
-        assert repo.versions("cnn") == [1, 2]
+        assert rebuilt.targets["onnxruntime"].published["uri"] == repo.uri("triton/cnn/2")  # a rebuild asks for one
+        assert repo.versions("triton/cnn") == [1, 2]
 
         clash = compile_model(cnn_onnx, spec(version=1, precision="fp16"), store=compile_store, repository=repo)
         assert clash.targets["onnxruntime"].error["code"] == "REPOSITORY_CONFLICT"
-        assert repo.versions("cnn") == [1, 2]
+        assert repo.versions("triton/cnn") == [1, 2]
+
+        # Mounted at /models in the servers' containers: base paths follow, and the root is kept.
+        third = compile_model(cnn_onnx, spec(serving={"root": "/models"}), store=compile_store, repository=repo)
+        assert third.ok
+        ovms = json.loads(repo.read_file("ovms/config.json"))
+        assert ovms["model_config_list"][0]["config"]["base_path"] == "/models/triton/cnn"
+        assert json.loads(repo.read_file("kiln-repository.json")) == {"serving_root": "/models"}
 
     def test_reader_during_publish_never_sees_half_a_version(self, repo, make_repo, tmp_path: Path) -> None:
         # An export artifact with many files, so a publish takes many separate writes.
@@ -352,9 +365,9 @@ class ModelRepositoryContract:
         def read() -> None:
             n = 0
             while not done.is_set():
-                for v in reader.versions("live"):
+                for v in reader.versions("triton/live"):
                     n += 1
-                    got = reader.fetch_version("live", v, tmp_path / f"read-{n}")
+                    got = reader.fetch_version("triton/live", v, tmp_path / f"read-{n}")
                     files = {p.relative_to(got).as_posix() for p in got.rglob("*") if p.is_file()}
                     if files != expected:
                         violations.append(f"v{v}: {sorted(files ^ expected)}")
@@ -371,7 +384,7 @@ class ModelRepositoryContract:
             done.set()
             t.join()
         assert violations == []
-        assert repo.versions("live") == [1, 2, 3, 4]
+        assert repo.versions("triton/live") == [1, 2, 3, 4]
         assert checked, "the reader never saw a version"
 
 

@@ -62,7 +62,8 @@ def _assert_parity(result, precision: str) -> None:
 
 
 def _repo_files(repo: Path, name: str) -> set[str]:
-    return {p.relative_to(repo / name / "1").as_posix() for p in (repo / name / "1").rglob("*") if p.is_file()}
+    (version,) = repo.glob(f"*/{name}/1")  # under its server's root
+    return {p.relative_to(version).as_posix() for p in version.rglob("*") if p.is_file()}
 
 
 # --- Keras CNN to every CPU engine, with the plan sharing work ------------------------------
@@ -97,7 +98,7 @@ def test_keras_cnn_every_cpu_engine(
 
     assert _repo_files(repo_dir, "m-tflite") == {"model.tflite", "kiln-manifest.json"}
     assert {"saved_model.pb", "kiln-manifest.json"} <= _repo_files(repo_dir, "m-tfserving")
-    assert (repo_dir / "m-tfserving" / "1" / "variables").is_dir()
+    assert (repo_dir / "tfserving" / "m-tfserving" / "1" / "variables").is_dir()
     assert "model.onnx" in _repo_files(repo_dir, "m-onnxruntime")
     assert {"model.xml", "model.bin"} <= _repo_files(repo_dir, "m-openvino")
     if precision == "fp32":

@@ -108,6 +108,7 @@ def test_dynamic_batch_defaults(cnn_onnx: Path) -> None:
     assert profile.dynamic_batch and serving_for(profile)["triton"] == {
         "platform": "tensorrt_plan",
         "instance_kind": "KIND_GPU",
+        "max_batch_size": 8,  # the plan's profile bounds Triton's batches
     }
 
 
@@ -378,14 +379,15 @@ def test_triton_config_for_tensorrt_plan(
             "serving": serving_for(profile),
         },
     )
-    publish_version(repository, artifact, name="m", version=None, manifest={}, max_batch_size=max_batch)
-    cfg = text_format.Parse((repo_dir / "m" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    # Unset in the spec, the engine's profile bounds Triton's batch (never above what the plan takes).
+    publish_version(repository, artifact, name="m", version=None, manifest={}, max_batch_size=None)
+    cfg = text_format.Parse((repo_dir / "triton" / "m" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
     assert cfg.platform == "tensorrt_plan"
     assert cfg.max_batch_size == expected_batch
     assert [g.kind for g in cfg.instance_group] == [model_config_pb2.ModelInstanceGroup.KIND_GPU]
     assert list(cfg.input[0].dims) == ([3, 32, 32] if expected_batch else [1, 3, 32, 32])
     assert cfg.input[0].data_type == model_config_pb2.TYPE_FP32 and cfg.output[0].name == "logits"
-    assert (repo_dir / "m" / "1" / "model.plan").exists()
+    assert (repo_dir / "triton" / "m" / "1" / "model.plan").exists()
 
 
 # ----------------------------------------------------------------------------- queue routing
@@ -659,7 +661,7 @@ def test_target_without_tensorrt_is_engine_unavailable(cnn_onnx: Path, store, re
     assert target.status == "failed"
     assert target.error["code"] == "ENGINE_UNAVAILABLE"
     assert "pypi.nvidia.com" in target.error["hint"]
-    assert target.published is None and not (repo_dir / "m").exists()
+    assert target.published is None and not (repo_dir / "triton" / "m").exists()
 
 
 def test_target_preflight_fails_before_needing_tensorrt(tmp_path: Path, store, repository) -> None:
@@ -693,13 +695,13 @@ def test_real_tensorrt_build(
     target = result.targets["tensorrt"]
     assert target.status == "succeeded", target.error
     assert target.parity["passed"] is True
-    manifest = json.loads((repo_dir / "m" / "1" / "kiln-manifest.json").read_text())
+    manifest = json.loads((repo_dir / "triton" / "m" / "1" / "kiln-manifest.json").read_text())
     details = manifest["engine_details"]
     assert details["tensorrt_version"].split(".")[0] in ("10", "11")
     assert float(details["compute_capability"]) >= 5.0
     assert details["profiles"][0]["input"]["max"] == [4, 3, 32, 32]
     assert Path(details["timing_cache"]["path"]).parent == tmp_path / "cache" / "tensorrt"
     assert Path(details["timing_cache"]["path"]).stat().st_size == details["timing_cache"]["stored_bytes"] > 0
-    assert (repo_dir / "m" / "1" / "model.plan").stat().st_size > 0
-    cfg = text_format.Parse((repo_dir / "m" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    assert (repo_dir / "triton" / "m" / "1" / "model.plan").stat().st_size > 0
+    cfg = text_format.Parse((repo_dir / "triton" / "m" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
     assert cfg.platform == "tensorrt_plan" and cfg.max_batch_size == 4

@@ -46,20 +46,20 @@ def test_layout_models_config_and_manifest(tf_dir: Path, store, repository, repo
     for result in (cnn, two):
         assert result.targets["tfserving"].status == "succeeded", result.targets["tfserving"].error
 
-    # <repo>/<name>/<version>/saved_model.pb + variables/, as TF Serving's file system source expects.
-    version = repo_dir / "cnn" / "1"
+    # <repo>/tfserving/<name>/<version>/saved_model.pb + variables/, as TF Serving's file system source expects.
+    version = repo_dir / "tfserving" / "cnn" / "1"
     assert (version / "saved_model.pb").is_file()
     assert (version / "variables" / "variables.index").is_file()
     assert not (version / "kiln-artifact.json").exists()
 
-    config = _parse_models_config(repo_dir / "models.config")
+    config = _parse_models_config(repo_dir / "tfserving" / "models.config")
     entries = {c.name: c for c in config.model_config_list.config}
     assert sorted(entries) == ["cnn", "two"]
     for name, entry in entries.items():
         assert entry.model_platform == "tensorflow"
-        assert Path(entry.base_path) == (repo_dir / name).resolve()
+        assert Path(entry.base_path) == (repo_dir / "tfserving" / name).resolve()
         assert entry.model_version_policy.WhichOneof("policy_choice") == "all"
-    ovms = json.loads((repo_dir / "config.json").read_text())
+    ovms = json.loads((repo_dir / "ovms" / "config.json").read_text())
     assert sorted(m["config"]["name"] for m in ovms["model_config_list"]) == ["cnn", "two"]
 
     manifest = read_manifest(repository, "cnn", 1)
@@ -85,7 +85,7 @@ def test_published_savedmodel_serves_its_signature(tf_dir: Path, store, reposito
     src = keras_two_inputs(tf_dir / "two_inputs.keras")
     result = compile_model(src, _spec(name="two"), store=store, repository=repository)
     assert result.targets["tfserving"].status == "succeeded"
-    loaded = tf.saved_model.load(str(repo_dir / "two" / "1"), tags=["serve"])
+    loaded = tf.saved_model.load(str(repo_dir / "tfserving" / "two" / "1"), tags=["serve"])
     fn = loaded.signatures["serving_default"]
     rng = np.random.default_rng(9)
     feeds = {
@@ -113,12 +113,16 @@ def test_reduced_precision_stores_smaller_weights(
     assert details["weight_bytes_stored"] / details["weight_bytes_fp32"] == pytest.approx(ratio, abs=0.02)
 
     def size(name: str) -> int:
-        return sum(p.stat().st_size for p in (repo_dir / name / "1").rglob("*") if p.is_file() and p.suffix != ".json")
+        return sum(
+            p.stat().st_size
+            for p in (repo_dir / "tfserving" / name / "1").rglob("*")
+            if p.is_file() and p.suffix != ".json"
+        )
 
     assert size("mlplow") / size("mlp32") == pytest.approx(ratio, abs=0.06)
     parity = low.targets["tfserving"].parity["outputs"][0]
     assert parity["cosine"] > 0.999 and parity["top1"] >= 0.9  # weight-only: close to fp32
-    assert (repo_dir / "mlplow" / "1" / "variables").is_dir()  # TF Serving's loader wants it
+    assert (repo_dir / "tfserving" / "mlplow" / "1" / "variables").is_dir()  # TF Serving's loader wants it
 
 
 def test_issue_cli_line(tf_dir: Path, tmp_path: Path) -> None:
@@ -135,15 +139,15 @@ def test_issue_cli_line(tf_dir: Path, tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
-    assert (repo / "NAME-tflite" / "1" / "model.tflite").is_file()
-    assert (repo / "NAME-tfserving" / "1" / "saved_model.pb").is_file()
-    assert (repo / "NAME-tfserving" / "1" / "variables").is_dir()
-    config = _parse_models_config(repo / "models.config")
+    assert (repo / "tflite" / "NAME-tflite" / "1" / "model.tflite").is_file()
+    assert (repo / "tfserving" / "NAME-tfserving" / "1" / "saved_model.pb").is_file()
+    assert (repo / "tfserving" / "NAME-tfserving" / "1" / "variables").is_dir()
+    config = _parse_models_config(repo / "tfserving" / "models.config")
     assert [c.name for c in config.model_config_list.config] == ["NAME-tfserving"]
-    tflite = json.loads((repo / "NAME-tflite" / "1" / "kiln-manifest.json").read_text())
+    tflite = json.loads((repo / "tflite" / "NAME-tflite" / "1" / "kiln-manifest.json").read_text())
     assert tflite["precision"] == "int8" and tflite["engine_details"]["tflite"]["mode"] == "full-integer int8"
     assert [t["dtype"] for t in [*tflite["io"]["inputs"], *tflite["io"]["outputs"]]] == ["float32", "float32"]
     assert tflite["parity"]["passed"] is True and tflite["parity"]["inputs_from"] == "calibration"
-    tfserving = json.loads((repo / "NAME-tfserving" / "1" / "kiln-manifest.json").read_text())
+    tfserving = json.loads((repo / "tfserving" / "NAME-tfserving" / "1" / "kiln-manifest.json").read_text())
     assert tfserving["precision"] == "int8" and tfserving["parity"]["passed"] is True
     assert tfserving["benchmark"] and tfserving["benchmark"][0]["p50_ms"] > 0

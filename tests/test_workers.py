@@ -30,7 +30,12 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS_DIR), os.enviro
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory, cnn_onnx: Path) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("workers")
-    settings = Settings(cache_dir=root / "cache", artifact_store=str(root / "store"), repository=str(root / "repo"))
+    settings = Settings(
+        cache_dir=root / "cache",
+        data_dir=root / "data",
+        artifact_store=str(root / "store"),
+        repository=str(root / "repo"),
+    )
     store = LocalArtifactStore(root / "store")
     upload = root / "upload"
     upload.mkdir()

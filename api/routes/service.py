@@ -22,7 +22,7 @@ from api.schemas import (
     WorkerPublic,
 )
 from services.graph.engines import ENGINES, queue_name
-from services.repository.publish import MANIFEST, MODEL_META
+from services.repository.publish import MANIFEST, MODEL_META, published_models
 
 router = APIRouter(tags=["service"])
 
@@ -54,24 +54,27 @@ def engines(request: Request, _: ReadAuth, jobs: JobStoreDep) -> EnginesPublic:
 def repository(_: ReadAuth, repo: RepositoryDep) -> RepositoryPublic:
     """Return every model in the repository with its versions and their provenance headlines."""
     models = []
-    for name in repo.model_names():
-        raw_meta = repo.read_file(f"{name}/{MODEL_META}")
+    for root, name in published_models(repo):
+        model_dir = f"{root}/{name}"
+        raw_meta = repo.read_file(f"{model_dir}/{MODEL_META}")
         meta: dict[str, Any] = json.loads(raw_meta) if raw_meta else {}
         versions = []
-        for v in repo.versions(name):
-            raw = repo.read_file(f"{name}/{v}/{MANIFEST}")
+        for v in repo.versions(model_dir):
+            raw = repo.read_file(f"{model_dir}/{v}/{MANIFEST}")
             manifest: dict[str, Any] = json.loads(raw) if raw else {}
             versions.append(
                 VersionPublic(
                     version=v,
-                    uri=repo.uri(f"{name}/{v}"),
+                    uri=repo.uri(f"{model_dir}/{v}"),
                     published_at=manifest.get("published_at"),
                     precision=manifest.get("precision"),
                     source_sha256=(manifest.get("source") or {}).get("sha256"),
                     job_id=manifest.get("job_id"),
                 )
             )
-        models.append(ModelPublic(name=name, target=meta.get("target"), format=meta.get("format"), versions=versions))
+        models.append(
+            ModelPublic(name=name, root=root, target=meta.get("target"), format=meta.get("format"), versions=versions)
+        )
     return RepositoryPublic(uri=repo.uri(), models=models)
 
 

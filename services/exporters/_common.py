@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from services.artifacts import Artifact
-from services.benchmark import benchmark_runner
-from services.errors import ParityFailed
+from services.benchmark import benchmark_runner, compare_with_fp32
+from services.errors import ParityFailed, SlowerThanFp32
 from services.formats import Format
 from services.pipeline.context import StepContext
 from services.pipeline.reference import ReferenceData, load_reference
@@ -50,6 +51,32 @@ def calibration_warnings(label: str) -> list[str]:
     return []
 
 
+def _against_fp32(
+    runner: ModelRunner,
+    fmt: Format,
+    baseline: Path,
+    runner_options: dict[str, Any] | None,
+    ctx: StepContext,
+    precision: Precision,
+    bench: list[dict[str, Any]],
+) -> dict[str, Any]:
+    fp32 = open_runner(fmt, baseline, **(runner_options or {}))
+    try:
+        sizes = [int(b["batch_size"]) for b in bench]
+        result = compare_with_fp32(runner, fp32, ctx.spec, precision.value, sizes)
+    finally:
+        fp32.close()
+    if ctx.spec.bench.require_no_slower_than_fp32 and result["verdict"] == "slower":
+        worst = min(result["rows"], key=lambda r: r["speedup"])
+        raise SlowerThanFp32(
+            f"{ctx.step.target} {precision.value} artifact is slower than fp32 on the same engine: "
+            f"{worst['p50_ms']:.3f} ms against {worst['fp32_p50_ms']:.3f} ms at batch {worst['batch_size']}",
+            vs_fp32=result,
+            target=ctx.step.target,
+        )
+    return result
+
+
 def finish_export(
     ctx: StepContext,
     *,
@@ -60,12 +87,16 @@ def finish_export(
     runner_options: dict[str, Any] | None = None,
     engine_details: dict[str, Any] | None = None,
     warnings: list[str] | None = None,
+    fp32_baseline: Path | None = None,
 ) -> Artifact:
     """Validate the artifact at ``ctx.out_dir/entry`` against the reference, benchmark it, describe it.
 
     Raises PARITY_FAILED with the numbers when the artifact disagrees with the source beyond
     the spec's tolerances for ``precision``. ``warnings`` (a fallback the exporter took, data
-    it had to make up) reach the manifest, the job's target result and the CLI summary.
+    it had to make up) reach the manifest, the job's target result and the CLI summary. With
+    ``fp32_baseline`` (the same model at fp32, in ``fmt``) a reduced-precision artifact is also
+    timed against it side by side (``vs_fp32``: which to deploy); SLOWER_THAN_FP32 when the spec
+    requires it not to be slower.
     """
     ref = load_reference(ctx.reference)
     runner = open_runner(fmt, ctx.out_dir / entry, **(runner_options or {}))
@@ -90,9 +121,13 @@ def finish_export(
                 target=ctx.step.target,
             )
         bench = []
+        vs_fp32 = None
         if ctx.spec.bench.enabled:
             ctx.progress("benchmarking")
             bench = [b.to_dict() for b in benchmark_runner(runner, ctx.spec)]
+            if fp32_baseline is not None and precision is not Precision.FP32 and bench:
+                ctx.progress(f"timing {precision.value} against fp32 on the same engine")
+                vs_fp32 = _against_fp32(runner, fmt, fp32_baseline, runner_options, ctx, precision, bench)
         io = runner.io_contract()  # read from the artifact: what a serving client really feeds
     finally:
         runner.close()
@@ -107,6 +142,7 @@ def finish_export(
             "io": io,
             "parity": parity.to_dict(),
             "benchmark": bench,
+            "vs_fp32": vs_fp32,
             "serving": serving,
             "engine_details": engine_details or {},
             "warnings": list(warnings or []),

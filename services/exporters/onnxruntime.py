@@ -18,12 +18,13 @@ from services.formats import Format
 from services.onnx_io import load_onnx, save_onnx
 from services.pipeline.context import StepContext
 from services.pipeline.reference import load_reference
+from services.repository.layouts import OVMS_F32
 from services.spec import Precision
 
 __all__ = ["export_onnxruntime", "quantize_int8", "to_fp16"]
 
 MODEL_FILE = "model.onnx"
-SERVING = {"triton": {"platform": "onnxruntime_onnx"}, "ovms": True}
+SERVING = {"triton": {"platform": "onnxruntime_onnx"}, "ovms": OVMS_F32}
 
 
 def to_fp16(src: Path, dst: Path) -> None:
@@ -134,4 +135,5 @@ def export_onnxruntime(ctx: StepContext) -> Artifact:
         serving=SERVING,
         engine_details=details,
         warnings=warnings,
+        fp32_baseline=src,  # the optimised fp32 model this export started from
     )

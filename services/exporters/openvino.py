@@ -31,6 +31,7 @@ from services.exporters._common import calibration_feeds, calibration_warnings, 
 from services.formats import Format
 from services.pipeline.context import StepContext
 from services.pipeline.reference import load_reference
+from services.repository.layouts import OVMS_F32
 from services.runners.base import TensorSpec
 from services.spec import Precision
 
@@ -44,7 +45,11 @@ __all__ = [
     "quantize_int8",
 ]
 
-SERVING = {"triton": {"backend": "openvino"}, "ovms": True}
+# Triton's OpenVINO backend fixes the model's batch at max_batch_size (ov::set_batch) and
+# refuses smaller requests without padding, so Kiln leaves batching off there and keeps the
+# model's own dynamic batch axis in dims. Its only precision parameter is HINT_BF16=YES:
+# nothing pins f32, so the engine details say so.
+SERVING = {"triton": {"backend": "openvino", "batching": False}, "ovms": OVMS_F32}
 PARITY_INFERENCE_PRECISION = "f32"
 
 #: Ops that are attention by definition (OpenVINO fuses or imports them from newer opsets).
@@ -209,9 +214,17 @@ def export_openvino(ctx: StepContext) -> Artifact:
         "benchmark_inference_precision": PARITY_INFERENCE_PRECISION,
         # Servers compile with the plugin's default unless configured: bf16 on CPUs with
         # AVX512-BF16/AMX, which changes numbers (and speed) beyond what was checked here.
-        "serving_note": "OVMS/Triton use the CPU plugin's default inference precision "
-        "(bf16 on CPUs with AVX512-BF16/AMX) unless INFERENCE_PRECISION_HINT=f32 is configured",
+        "serving_note": "OVMS is configured with INFERENCE_PRECISION_HINT f32 (plugin_config in "
+        "ovms/config.json). Triton's OpenVINO backend has no f32 setting (only HINT_BF16=YES): it "
+        "runs the CPU plugin's default, bf16 on CPUs with AVX512-BF16/AMX, which was not checked here",
     }
+    baseline = None
+    if precision is not Precision.FP32 and ctx.spec.bench.enabled:
+        # The same model at fp32, to time the artifact against (kept out of the artifact).
+        baseline_dir = ctx.scratch / "openvino-fp32-baseline"
+        baseline_dir.mkdir(parents=True, exist_ok=True)
+        save_ir(model, baseline_dir, compress_to_fp16=False)
+        baseline = baseline_dir / IR_FILE
     if precision is Precision.FP32:
         save_ir(model, ctx.out_dir, compress_to_fp16=False)
     elif precision is Precision.FP16:
@@ -242,4 +255,5 @@ def export_openvino(ctx: StepContext) -> Artifact:
         runner_options={"inference_precision": PARITY_INFERENCE_PRECISION},
         engine_details=details,
         warnings=warnings,
+        fp32_baseline=baseline,
     )

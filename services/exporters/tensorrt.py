@@ -56,9 +56,12 @@ def variant_major(variant: str) -> int:
 def serving_for(profile: ShapeProfile) -> dict[str, Any]:
     """Return the serving description publish_version turns into Triton's config.pbtxt."""
     triton: dict[str, Any] = {"platform": "tensorrt_plan", "instance_kind": "KIND_GPU"}
-    if not profile.dynamic_batch:
+    if not profile.dynamic_batch or not profile.inputs:
         # Triton owns axis 0 only when every input's batch axis is dynamic in the engine.
         triton["batching"] = False
+    else:
+        # The engine accepts no batch above its profile's; Triton must not form larger ones.
+        triton["max_batch_size"] = min(p.max[0] for p in profile.inputs)
     return {"triton": triton}
 
 

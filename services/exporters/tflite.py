@@ -37,13 +37,14 @@ from services.exporters._common import calibration_feeds, finish_export
 from services.formats import Format
 from services.pipeline.context import StepContext
 from services.pipeline.reference import load_reference
+from services.repository.layouts import OVMS_F32
 from services.runners.tensorflow import DEFAULT_SIGNATURE
 from services.spec import Precision
 
 __all__ = ["MODEL_FILE", "convert_savedmodel_to_tflite", "export_tflite", "representative_feeds"]
 
 MODEL_FILE = "model.tflite"
-SERVING = {"ovms": True}
+SERVING = {"ovms": OVMS_F32}
 TOOL = "tf.lite.TFLiteConverter"
 
 

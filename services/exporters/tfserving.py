@@ -24,12 +24,13 @@ from services.artifacts import DESCRIPTOR, Artifact
 from services.exporters._common import finish_export
 from services.formats import Format
 from services.pipeline.context import StepContext
+from services.repository.layouts import OVMS_F32
 from services.runners.tensorflow import DEFAULT_SIGNATURE
 from services.spec import Precision
 
 __all__ = ["SERVING", "compress_weights", "export_tfserving", "write_compressed_savedmodel"]
 
-SERVING = {"tfserving": True, "ovms": True}
+SERVING = {"tfserving": True, "ovms": OVMS_F32}
 #: Float constants smaller than this stay float32: they are epsilons, shapes and scalars, not weights.
 MIN_WEIGHT_ELEMENTS = 16
 

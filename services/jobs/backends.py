@@ -31,5 +31,5 @@ def open_repository(settings: Settings) -> ModelRepository:
     except ImportError:
         from services.repository.local import LocalModelRepository
 
-        return LocalModelRepository(Path(settings.repository))
+        return LocalModelRepository(Path(settings.repository), serving_root=settings.serving_root)
     return repository_from_url(settings.repository, settings)

@@ -36,11 +36,12 @@ def normalize_url(url: str) -> str:
 
 
 def database_url(settings: Settings) -> str:
-    """Return the job store URL: the configured one, else SQLite under the cache dir."""
+    """Return the job store URL: the configured one, else SQLite in the data dir (not the cache: pruning or
+    wiping the cache must not lose the jobs' history)."""
     if settings.database_url:
         return normalize_url(settings.database_url)
-    settings.cache_dir.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{(settings.cache_dir / 'kiln.db').resolve()}"
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{(settings.data_dir / 'kiln.db').resolve()}"
 
 
 def _sqlite_engine(url: str) -> Engine:

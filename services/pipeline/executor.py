@@ -103,7 +103,16 @@ def _lineage(inputs: dict[str, Artifact], record: dict[str, Any]) -> list[dict[s
     return out
 
 
-def run_step(
+def run_step(step: PlanStep, *, store: ArtifactStore, **kwargs: Any) -> StepOutcome:
+    """Run ``step`` (or take its output from the cache) while holding the store against pruning.
+
+    See :func:`_run_step` for the arguments.
+    """
+    with store.in_use():
+        return _run_step(step, store=store, **kwargs)
+
+
+def _run_step(
     step: PlanStep,
     *,
     job_id: str,

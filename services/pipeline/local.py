@@ -63,7 +63,8 @@ def compile_model(
     """Plan and run a whole job in this process; return per-target results (never raises per target)."""
     emit = on_event or (lambda e: None)
     job_id = job_id or uuid.uuid4().hex[:12]
-    with tempfile.TemporaryDirectory(prefix="kiln-job-") as tmp:
+    # The whole job holds the store: a prune between two steps would drop what the next reads.
+    with store.in_use(), tempfile.TemporaryDirectory(prefix="kiln-job-") as tmp:
         scratch = Path(tmp)
         source = open_source(Path(model_path), scratch, spec.source_format)
         plan = plan_routes(source.format, spec, default_name=default_model_name(Path(model_path)))

@@ -28,6 +28,8 @@ class TargetResult:
     error: dict[str, Any] | None = None
     parity: dict[str, Any] | None = None
     benchmark: list[dict[str, Any]] = field(default_factory=list)
+    #: fp16/int8 against fp32 on the same engine, timed side by side: rows, verdict, which to deploy.
+    vs_fp32: dict[str, Any] | None = None
     published: dict[str, Any] | None = None
     artifact: str | None = None
     warnings: list[str] = field(default_factory=list)  # fallbacks the export took (also in the manifest)
@@ -77,6 +79,7 @@ def target_results(
             result.parity = meta.get("parity")
             result.benchmark = meta.get("benchmark", [])
             result.warnings = list(meta.get("warnings", []))
+            result.vs_fp32 = meta.get("vs_fp32")
             result.artifact = artifacts.get(export_id)
         if publish_id in metas:
             result.status = "succeeded"

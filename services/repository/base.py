@@ -16,15 +16,19 @@ __all__ = ["ModelRepository"]
 
 
 class ModelRepository(abc.ABC):
-    """A tree of ``<name>/<version>/...`` that serving engines read as-is."""
+    """A tree of ``<root>/<name>/<version>/...`` that serving engines read as-is."""
+
+    #: The path at which serving engines see this repository (e.g. ``/models`` in a container),
+    #: for base_path in TF Serving's and OVMS's configs; empty = the repository's own location.
+    serving_root: str = ""
 
     @abc.abstractmethod
     def lock(self) -> AbstractContextManager[None]:
         """Return a context manager that serialises publishers of this repository."""
 
     @abc.abstractmethod
-    def model_names(self) -> list[str]:
-        """Return the names of published models, sorted."""
+    def model_names(self, under: str = "") -> list[str]:
+        """Return the names of the model directories under ``under`` (a root), sorted."""
 
     @abc.abstractmethod
     def versions(self, name: str) -> list[int]:
@@ -50,11 +54,11 @@ class ModelRepository(abc.ABC):
     def fetch_version(self, name: str, version: int, dest: Path) -> Path:
         """Copy ``<name>/<version>/`` into ``dest``; return ``dest``."""
 
-    def base_path(self, name: str) -> str:
-        """Return the path a server's config names for model ``name`` (TF Serving, OVMS)."""
-        return self.uri(name)
+    def base_path(self, model_dir: str) -> str:
+        """Return the path a server's config names for ``model_dir`` (TF Serving, OVMS)."""
+        return self.uri(model_dir)
 
-    def iter_versions(self) -> Iterator[tuple[str, int]]:
-        for name in self.model_names():
-            for v in self.versions(name):
+    def iter_versions(self, under: str = "") -> Iterator[tuple[str, int]]:
+        for name in self.model_names(under):
+            for v in self.versions(f"{under}/{name}" if under else name):
                 yield name, v

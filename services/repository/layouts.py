@@ -1,92 +1,59 @@
-"""Config files the serving engines read: Triton's config.pbtxt, TF Serving's models.config,
-OVMS's config.json.
+"""Where each server's models live in the repository, and the root configs of TF Serving and OVMS.
 
-Written as text here (the worker images need no Triton or TF Serving packages); the tests
-parse each one with the engine's own protobuf (ModelConfig, ModelServerConfig).
+One root per server, so each server mounts a tree it can load whole (Triton's default
+``--exit-on-error`` refuses to start when any model directory in its root fails to load):
+
+- ``triton/``: onnxruntime, openvino and tensorrt models, each with its ``config.pbtxt``;
+- ``tfserving/``: SavedModels and ``models.config`` (TF Serving's ``model_config_list``);
+- ``tflite/``: ``.tflite`` files, for on-device runtimes (and OVMS);
+- ``ovms/``: ``config.json`` only. OVMS serves models from the other roots where they already
+  are (IR, ONNX, SavedModel, TFLite), so nothing is stored twice.
+
+TF Serving's config is text here (the worker images need no TF Serving package; the tests
+parse it with ``ModelServerConfig``). Triton's config is built from its own proto in
+:mod:`services.repository.triton_config`.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
-
-from services.runners.base import TensorSpec
+from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = [
-    "TRITON_DTYPES",
+    "OVMS_CONFIG",
+    "OVMS_F32",
+    "ROOTS",
+    "TFSERVING_CONFIG",
     "ServedModel",
     "ovms_config_json",
+    "server_root",
     "tfserving_models_config",
-    "triton_config_pbtxt",
 ]
 
-#: numpy dtype name -> Triton DataType enum name.
-TRITON_DTYPES = {
-    "bool": "TYPE_BOOL",
-    "uint8": "TYPE_UINT8",
-    "uint16": "TYPE_UINT16",
-    "uint32": "TYPE_UINT32",
-    "uint64": "TYPE_UINT64",
-    "int8": "TYPE_INT8",
-    "int16": "TYPE_INT16",
-    "int32": "TYPE_INT32",
-    "int64": "TYPE_INT64",
-    "float16": "TYPE_FP16",
-    "float32": "TYPE_FP32",
-    "float64": "TYPE_FP64",
-    "str": "TYPE_STRING",
-    "bfloat16": "TYPE_BF16",
-}
+TRITON_ROOT, TFSERVING_ROOT, TFLITE_ROOT, OVMS_ROOT = "triton", "tfserving", "tflite", "ovms"
+#: Every root a model can be published under.
+ROOTS = (TRITON_ROOT, TFSERVING_ROOT, TFLITE_ROOT)
+TFSERVING_CONFIG = f"{TFSERVING_ROOT}/models.config"
+OVMS_CONFIG = f"{OVMS_ROOT}/config.json"
+
+#: OVMS runs every format on OpenVINO, whose CPU plugin defaults to bf16 on CPUs with
+#: AVX512-BF16/AMX; Kiln checks parity at f32, so OVMS is told to keep f32.
+OVMS_F32 = {"plugin_config": {"INFERENCE_PRECISION_HINT": "f32"}}
+
+
+def server_root(target: str, serving: dict[str, Any]) -> str:
+    """Return the root a model is published under: its exporter's server, else its target's."""
+    if serving.get("triton") or target in ("onnxruntime", "openvino", "tensorrt"):
+        return TRITON_ROOT
+    if serving.get("tfserving") or target == "tfserving":
+        return TFSERVING_ROOT
+    return TFLITE_ROOT
 
 
 def _quote(s: str) -> str:
     return json.dumps(s)  # a JSON string literal is a valid protobuf text-format string
-
-
-def _tensor_block(kind: str, tensors: Iterable[TensorSpec], batched: bool) -> list[str]:
-    lines = [f"{kind} ["]
-    items = []
-    for t in tensors:
-        dims = list(t.shape[1:] if batched else t.shape)
-        dims_text = ", ".join(str(d if d is not None else -1) for d in dims) if dims else ""
-        body = [f"    name: {_quote(t.name)}", f"    data_type: {TRITON_DTYPES[t.dtype]}"]
-        body.append(f"    dims: [ {dims_text} ]" if dims else "    dims: [ 1 ]\n    reshape: { shape: [ ] }")
-        items.append("  {\n" + "\n".join(body) + "\n  }")
-    lines.append(",\n".join(items))
-    lines.append("]")
-    return lines
-
-
-def triton_config_pbtxt(
-    name: str,
-    *,
-    inputs: list[TensorSpec],
-    outputs: list[TensorSpec],
-    platform: str | None = None,
-    backend: str | None = None,
-    max_batch_size: int = 0,
-    default_model_filename: str | None = None,
-    instance_kind: str = "KIND_CPU",
-) -> str:
-    """Return a Triton model configuration in protobuf text format.
-
-    With ``max_batch_size > 0`` Triton owns the first axis, so dims drop it; that needs every
-    input and output to have a dynamic (or matching) batch axis, which the caller checks.
-    """
-    lines = [f"name: {_quote(name)}"]
-    if platform:
-        lines.append(f"platform: {_quote(platform)}")
-    if backend:
-        lines.append(f"backend: {_quote(backend)}")
-    lines.append(f"max_batch_size: {max_batch_size}")
-    if default_model_filename:
-        lines.append(f"default_model_filename: {_quote(default_model_filename)}")
-    batched = max_batch_size > 0
-    lines += _tensor_block("input", inputs, batched)
-    lines += _tensor_block("output", outputs, batched)
-    lines.append(f"instance_group [ {{ count: 1 kind: {instance_kind} }} ]")
-    return "\n".join(lines) + "\n"
 
 
 @dataclass(frozen=True)
@@ -96,6 +63,8 @@ class ServedModel:
     name: str
     base_path: str
     platform: str = "tensorflow"
+    #: OVMS plugin_config (OpenVINO properties), e.g. the inference precision Kiln validated.
+    plugin_config: dict[str, str] = field(default_factory=dict)
 
 
 def tfserving_models_config(models: Iterable[ServedModel]) -> str:
@@ -115,10 +84,11 @@ def tfserving_models_config(models: Iterable[ServedModel]) -> str:
 
 def ovms_config_json(models: Iterable[ServedModel]) -> str:
     """Return an OpenVINO Model Server ``config.json`` listing ``models``."""
-    body = {
-        "model_config_list": [
-            {"config": {"name": m.name, "base_path": m.base_path, "model_version_policy": {"all": {}}}}
-            for m in sorted(models, key=lambda m: m.name)
-        ]
-    }
+    entries = []
+    for m in sorted(models, key=lambda m: m.name):
+        config: dict[str, Any] = {"name": m.name, "base_path": m.base_path, "model_version_policy": {"all": {}}}
+        if m.plugin_config:
+            config["plugin_config"] = dict(m.plugin_config)
+        entries.append({"config": config})
+    body = {"model_config_list": entries}
     return json.dumps(body, indent=2) + "\n"

@@ -19,9 +19,10 @@ __all__ = ["LocalModelRepository"]
 class LocalModelRepository(ModelRepository):
     """``root/<name>/<version>/``; versions appear by rename, files by write-then-rename."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, serving_root: str = "") -> None:
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
+        self.serving_root = serving_root
 
     @contextmanager
     def lock(self) -> Iterator[None]:
@@ -33,8 +34,11 @@ class LocalModelRepository(ModelRepository):
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
-    def model_names(self) -> list[str]:
-        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    def model_names(self, under: str = "") -> list[str]:
+        d = self.root / under
+        if not d.is_dir():
+            return []
+        return sorted(p.name for p in d.iterdir() if p.is_dir() and not p.name.startswith("."))
 
     def versions(self, name: str) -> list[int]:
         d = self.root / name

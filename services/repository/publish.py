@@ -13,20 +13,42 @@ from typing import Any
 from services.artifacts import DESCRIPTOR, Artifact
 from services.errors import NotFound, RepositoryConflict
 from services.repository.base import ModelRepository
-from services.repository.layouts import ServedModel, ovms_config_json, tfserving_models_config, triton_config_pbtxt
+from services.repository.layouts import (
+    OVMS_CONFIG,
+    ROOTS,
+    TFSERVING_CONFIG,
+    ServedModel,
+    ovms_config_json,
+    server_root,
+    tfserving_models_config,
+)
+from services.repository.triton_config import (
+    DEFAULT_MAX_BATCH_SIZE,
+    TritonModel,
+    batch_axis_is_dynamic,
+    preferred_batch_sizes,
+    triton_config_pbtxt,
+)
 from services.runners.base import TensorSpec
 
 __all__ = [
     "MANIFEST",
     "MODEL_META",
+    "REPOSITORY_META",
     "PublishedVersion",
     "RepositoryConflict",
+    "find_model_dir",
     "publish_version",
+    "published_models",
     "read_manifest",
+    "resolve_serving_root",
+    "triton_max_batch_size",
 ]
 
 MANIFEST = "kiln-manifest.json"
 MODEL_META = "kiln-model.json"
+#: Repository-wide settings (the serving root), at the repository's top.
+REPOSITORY_META = "kiln-repository.json"
 
 
 @dataclass
@@ -43,36 +65,111 @@ class PublishedVersion:
         return {"name": self.name, "version": self.version, "uri": self.uri, "files": self.files}
 
 
-def _identical_version(repo: ModelRepository, name: str, versions: list[int], manifest: dict[str, Any]) -> int | None:
-    """Return the newest of ``versions`` whose manifest names the same export artifact and source, if any.
+def _identical_version(
+    repo: ModelRepository, model_dir: str, versions: list[int], manifest: dict[str, Any]
+) -> int | None:
+    """Return the newest of ``versions`` whose manifest names the same export artifact, source and spec, if any.
 
     The export's key is a content address over its inputs, spec and tool versions, so the same
-    key means the same files; a manifest without one (an older Kiln) never matches.
+    key means the same files; a manifest without one (an older Kiln) never matches. The spec
+    is compared too (all but ``version``): publish-only settings such as the serving root or
+    Triton's max_batch_size change the configs a server reads, not the export's key.
     """
     key, source = manifest.get("artifact_key"), (manifest.get("source") or {}).get("sha256")
     if not key:
         return None
+
+    def publish_spec(m: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in (m.get("spec") or {}).items() if k != "version"}
+
     for version in sorted(versions, reverse=True):
-        raw = repo.read_file(f"{name}/{version}/{MANIFEST}")
+        raw = repo.read_file(f"{model_dir}/{version}/{MANIFEST}")
         if raw is None:
             continue
         prior = json.loads(raw)
-        if prior.get("artifact_key") == key and (prior.get("source") or {}).get("sha256") == source:
+        if (
+            prior.get("artifact_key") == key
+            and (prior.get("source") or {}).get("sha256") == source
+            and publish_spec(prior) == publish_spec(manifest)
+        ):
             return version
     return None
 
 
-def _served_models(repo: ModelRepository, kind: str) -> list[ServedModel]:
+def find_model_dir(repo: ModelRepository, name: str) -> str | None:
+    """Return ``<root>/<name>`` where ``name`` is published, or None (names are unique across roots)."""
+    for root in ROOTS:
+        if repo.read_file(f"{root}/{name}/{MODEL_META}") is not None:
+            return f"{root}/{name}"
+    return None
+
+
+def published_models(repo: ModelRepository) -> list[tuple[str, str]]:
+    """Return ``(root, name)`` of every published model, by root then name."""
+    return [(root, name) for root in ROOTS for name in repo.model_names(root)]
+
+
+def resolve_serving_root(repo: ModelRepository, requested: str | None) -> str | None:
+    """Return the path servers see this repository at; a requested one is recorded for later publishes.
+
+    Order: the job's (spec or CLI), then the one recorded in the repository, then the
+    repository's own setting (KILN_SERVING_ROOT); None means the repository's own location.
+    """
+    if requested:
+        root = requested.rstrip("/") or "/"
+        repo.write_file(REPOSITORY_META, json.dumps({"serving_root": root}, indent=2).encode())
+        return root
+    raw = repo.read_file(REPOSITORY_META)
+    if raw is not None:
+        recorded = json.loads(raw).get("serving_root")
+        if recorded:
+            return str(recorded)
+    return repo.serving_root or None
+
+
+def _base_path(repo: ModelRepository, serving_root: str | None, model_dir: str) -> str:
+    if serving_root is None:
+        return repo.base_path(model_dir)
+    return f"{serving_root.rstrip('/')}/{model_dir}"
+
+
+def _served_models(repo: ModelRepository, kind: str, serving_root: str | None) -> list[ServedModel]:
     out = []
-    for name in repo.model_names():
-        raw = repo.read_file(f"{name}/{MODEL_META}")
+    for root, name in published_models(repo):
+        raw = repo.read_file(f"{root}/{name}/{MODEL_META}")
         if raw is None:
             continue
-        meta = json.loads(raw)
-        serving = meta.get("serving", {})
-        if serving.get(kind):
-            out.append(ServedModel(name=name, base_path=repo.base_path(name), platform="tensorflow"))
+        served = json.loads(raw).get("serving", {}).get(kind)
+        if served:
+            plugin = served.get("plugin_config", {}) if isinstance(served, dict) else {}
+            base = _base_path(repo, serving_root, f"{root}/{name}")
+            out.append(ServedModel(name=name, base_path=base, plugin_config=plugin))
     return out
+
+
+def triton_max_batch_size(
+    triton: dict[str, Any],
+    inputs: list[TensorSpec],
+    outputs: list[TensorSpec],
+    requested: int | None,
+    limit: int | None,
+) -> int:
+    """Return Triton's max_batch_size: 0 unless every tensor's batch axis is open.
+
+    ``requested`` is the spec's (0 turns batching off); unset, the exporter's own bound (a
+    TensorRT profile), else the spec's input profiles' smallest ``max[0]`` (``limit``), capped
+    at :data:`DEFAULT_MAX_BATCH_SIZE`.
+    """
+    if triton.get("batching") is False or requested == 0:
+        return 0
+    if not (batch_axis_is_dynamic(inputs) and batch_axis_is_dynamic(outputs)):
+        return 0
+    bound = triton.get("max_batch_size")
+    if requested is not None:
+        return min(requested, bound) if bound else requested
+    if bound:
+        return int(bound)
+    return min(DEFAULT_MAX_BATCH_SIZE, limit) if limit else DEFAULT_MAX_BATCH_SIZE
 
 
 def publish_version(
@@ -82,36 +179,41 @@ def publish_version(
     name: str,
     version: int | None,
     manifest: dict[str, Any],
-    max_batch_size: int = 0,
+    max_batch_size: int | None = None,
+    batch_limit: int | None = None,
+    serving_root: str | None = None,
+    instance_kind: str | None = None,
     reuse_identical: bool = False,
 ) -> PublishedVersion:
-    """Publish an export artifact as ``<name>/<version>/``; return where it landed.
+    """Publish an export artifact as ``<root>/<name>/<version>/``; return where it landed.
 
     With ``reuse_identical``, a version of ``name`` that already holds this very artifact
     (same ``artifact_key`` and source in its manifest; with ``version`` given, that version
     only) is returned instead of publishing a duplicate. The CLI and the service both publish
     through here, so recompiling an unchanged model adds no version on either.
 
-    Order: version files under a temp name then renamed into place; then the model's
-    config.pbtxt (config last, so Triton never loads a config without its files); then the
-    root configs (TF Serving models.config, OVMS config.json), each replaced atomically.
+    ``root`` is the server's (see :mod:`services.repository.layouts`). Order: version files
+    under a temp name then renamed into place; then the model's config.pbtxt (config last, so
+    Triton never loads a config without its files); then the root configs (TF Serving
+    models.config, OVMS config.json), each replaced atomically.
     """
     meta = artifact.meta
     target = meta["target"]
     serving: dict[str, Any] = meta.get("serving", {})
+    model_dir = f"{server_root(target, serving)}/{name}"
     with repo.lock():
-        existing_meta = repo.read_file(f"{name}/{MODEL_META}")
-        if existing_meta is not None:
-            prior = json.loads(existing_meta)
+        existing = find_model_dir(repo, name)
+        if existing is not None:
+            prior = json.loads(repo.read_file(f"{existing}/{MODEL_META}") or b"{}")
             if prior.get("target") != target:
                 raise RepositoryConflict(
                     f"model {name!r} in the repository holds {prior.get('target')} artifacts, not {target}",
                     name=name,
                 )
-        versions = repo.versions(name)
+        versions = repo.versions(model_dir)
         if reuse_identical:
             candidates = versions if version is None else [v for v in versions if v == version]
-            same = _identical_version(repo, name, candidates, manifest)
+            same = _identical_version(repo, model_dir, candidates, manifest)
             if same is not None:
                 files = sorted(
                     p.relative_to(artifact.root).as_posix()
@@ -121,7 +223,7 @@ def publish_version(
                 return PublishedVersion(
                     name=name,
                     version=same,
-                    uri=repo.uri(f"{name}/{same}"),
+                    uri=repo.uri(f"{model_dir}/{same}"),
                     files=sorted([*files, MANIFEST]),
                     reused=True,
                 )
@@ -135,33 +237,45 @@ def publish_version(
             shutil.copytree(artifact.root, staged, ignore=shutil.ignore_patterns(DESCRIPTOR, ".kiln-complete"))
             (staged / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
             files = sorted(p.relative_to(staged).as_posix() for p in staged.rglob("*") if p.is_file())
-            repo.write_version(name, version, staged)
+            repo.write_version(model_dir, version, staged)
         model_meta = {"target": target, "format": meta.get("format"), "serving": serving, "latest": version}
-        repo.write_file(f"{name}/{MODEL_META}", json.dumps(model_meta, indent=2).encode())
+        repo.write_file(f"{model_dir}/{MODEL_META}", json.dumps(model_meta, indent=2).encode())
         triton = serving.get("triton")
         if triton:
             io = meta["io"]
+            inputs = [TensorSpec.from_dict(t) for t in io["inputs"]]
+            outputs = [TensorSpec.from_dict(t) for t in io["outputs"]]
+            batch = triton_max_batch_size(triton, inputs, outputs, max_batch_size, batch_limit)
             config = triton_config_pbtxt(
-                name,
-                inputs=[TensorSpec.from_dict(t) for t in io["inputs"]],
-                outputs=[TensorSpec.from_dict(t) for t in io["outputs"]],
-                platform=triton.get("platform"),
-                backend=triton.get("backend"),
-                max_batch_size=max_batch_size if triton.get("batching", True) else 0,
-                default_model_filename=triton.get("default_model_filename"),
-                instance_kind=triton.get("instance_kind", "KIND_CPU"),
+                TritonModel(
+                    name=name,
+                    inputs=inputs,
+                    outputs=outputs,
+                    platform=triton.get("platform"),
+                    backend=triton.get("backend"),
+                    max_batch_size=batch,
+                    preferred_batch_sizes=preferred_batch_sizes(meta.get("benchmark") or [], batch),
+                    default_model_filename=triton.get("default_model_filename"),
+                    instance_kind=instance_kind or triton.get("instance_kind", "KIND_CPU"),
+                    parameters=triton.get("parameters", {}),
+                )
             )
-            repo.write_file(f"{name}/config.pbtxt", config.encode())
-        if serving.get("tfserving"):
-            repo.write_file("models.config", tfserving_models_config(_served_models(repo, "tfserving")).encode())
-        if serving.get("ovms"):
-            repo.write_file("config.json", ovms_config_json(_served_models(repo, "ovms")).encode())
-    return PublishedVersion(name=name, version=version, uri=repo.uri(f"{name}/{version}"), files=files)
+            repo.write_file(f"{model_dir}/config.pbtxt", config.encode())
+        if serving.get("tfserving") or serving.get("ovms"):
+            where = resolve_serving_root(repo, serving_root)
+            if serving.get("tfserving"):
+                repo.write_file(
+                    TFSERVING_CONFIG, tfserving_models_config(_served_models(repo, "tfserving", where)).encode()
+                )
+            if serving.get("ovms"):
+                repo.write_file(OVMS_CONFIG, ovms_config_json(_served_models(repo, "ovms", where)).encode())
+    return PublishedVersion(name=name, version=version, uri=repo.uri(f"{model_dir}/{version}"), files=files)
 
 
 def read_manifest(repo: ModelRepository, name: str, version: int) -> dict[str, Any]:
-    """Return the provenance manifest of a published version."""
-    raw = repo.read_file(f"{name}/{version}/{MANIFEST}")
+    """Return the provenance manifest of a published version (found in whichever root holds it)."""
+    model_dir = find_model_dir(repo, name)
+    raw = repo.read_file(f"{model_dir}/{version}/{MANIFEST}") if model_dir else None
     if raw is None:
         raise NotFound(f"no manifest for {name} version {version}")
     return json.loads(raw)  # type: ignore[no-any-return]

@@ -264,8 +264,8 @@ class S3ModelRepository(ModelRepository):
     def lock(self) -> _S3Lease:
         return _S3Lease(self.client, self.location, ttl=self.lock_ttl, timeout=self.lock_timeout, poll=self.lock_poll)
 
-    def model_names(self) -> list[str]:
-        root = self._dir_prefix()
+    def model_names(self, under: str = "") -> list[str]:
+        root = self._dir_prefix(under)
         names: list[str] = []
         with s3_errors("listing models", self.location):
             paginator = self.client.get_paginator("list_objects_v2")

@@ -42,12 +42,20 @@ def build_manifest(ctx: StepContext, exported: Artifact) -> dict[str, Any]:
         "io": meta.get("io"),
         "parity": meta.get("parity"),
         "benchmark": meta.get("benchmark"),
+        "vs_fp32": meta.get("vs_fp32"),
         "engine_details": meta.get("engine_details", {}),
         # The export's content address: an identical artifact has the same key (see publish_version).
         "artifact_key": ctx.input_keys.get("model"),
         "warnings": meta.get("warnings", []),
         "spec": ctx.spec.model_dump(mode="json"),
     }
+
+
+def _instance_kind(ctx: StepContext) -> str | None:
+    """Return Triton's instance kind when the spec asks for one (onnxruntime on GPU); None = the exporter's."""
+    if ctx.step.target == "onnxruntime" and ctx.spec.serving.onnxruntime_device == "gpu":
+        return "KIND_GPU"
+    return None
 
 
 def run_publish_step(ctx: StepContext) -> Artifact:
@@ -63,6 +71,9 @@ def run_publish_step(ctx: StepContext) -> Artifact:
         version=ctx.spec.version,
         manifest=build_manifest(ctx, exported),
         max_batch_size=ctx.spec.max_batch_size,
+        batch_limit=ctx.spec.batch_limit,
+        serving_root=ctx.spec.serving.root,
+        instance_kind=_instance_kind(ctx),
         reuse_identical=ctx.use_cache,
     )
     if published.reused:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 __all__ = ["ArtifactStore"]
@@ -45,3 +46,7 @@ class ArtifactStore(abc.ABC):
     def local_path(self, key: str) -> Path | None:
         """Return a local path to ``key`` when the backend has one (avoids a copy), else None."""
         return None
+
+    def in_use(self) -> AbstractContextManager[None]:
+        """Return a context manager held while a job reads and writes the store (pruning waits for it)."""
+        return nullcontext()

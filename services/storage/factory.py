@@ -84,7 +84,9 @@ def repository_from_url(url: str, settings: Settings) -> ModelRepository:
     if kind == "file":
         from services.repository.local import LocalModelRepository
 
-        return LocalModelRepository(where)
+        return LocalModelRepository(where, serving_root=settings.serving_root)
     from services.repository.s3 import S3ModelRepository
 
-    return S3ModelRepository(where.bucket, where.prefix, **s3_client_options(settings))
+    repo = S3ModelRepository(where.bucket, where.prefix, **s3_client_options(settings))
+    repo.serving_root = settings.serving_root
+    return repo

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from services.errors import NotFound
 from services.storage.base import ArtifactStore
+from services.storage.prune import IN_USE_LOCK
 
 __all__ = ["LocalArtifactStore"]
 
@@ -59,7 +63,22 @@ class LocalArtifactStore(ArtifactStore):
         return dest
 
     def local_path(self, key: str) -> Path | None:
-        return self._dir(key) if self.exists(key) else None
+        marker = self._dir(key) / _COMPLETE
+        try:
+            os.utime(marker)  # its mtime is the entry's last use, which pruning goes by
+        except FileNotFoundError:
+            return None
+        return marker.parent
+
+    @contextmanager
+    def in_use(self) -> Iterator[None]:
+        # A shared lock: any number of jobs at once; `kiln cache prune` takes it exclusively.
+        with open(self.root / IN_USE_LOCK, "a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_SH)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
 
     def uri(self, key: str) -> str:
         return self._dir(key).resolve().as_uri()

@@ -93,8 +93,8 @@ def model_inputs(model: onnx.ModelProto) -> list[tuple[str, list[Dim]]]:
 
 def default_batch_range(spec: CompileSpec) -> tuple[int, int, int]:
     """Return (min, opt, max) for an open batch axis; see the module docstring, rule 4."""
-    bench_max = max(spec.bench.batch_sizes) if spec.bench.enabled else 1
-    if spec.max_batch_size > 0:
+    bench_max = max(spec.benchmark_batch_sizes) if spec.bench.enabled else 1
+    if spec.max_batch_size:
         return 1, max(1, spec.max_batch_size // 2), max(spec.max_batch_size, bench_max)
     return 1, 1, max(1, bench_max)
 
@@ -240,7 +240,7 @@ def derive_profile(model: onnx.ModelProto, spec: CompileSpec) -> ShapeProfile:
 def _check_benchmark_fits(profiles: list[InputProfile], inputs: list[tuple[str, list[Dim]]], spec: CompileSpec) -> None:
     """Refuse ranges that Kiln's own benchmark or Triton's max_batch_size would step outside."""
     dims = dict(inputs)
-    wanted = max([spec.max_batch_size, *(spec.bench.batch_sizes if spec.bench.enabled else [])])
+    wanted = max([spec.max_batch_size or 0, *(spec.benchmark_batch_sizes if spec.bench.enabled else [])])
     for p in profiles:
         d0 = dims[p.name][0] if dims[p.name] else None
         if d0 is None or isinstance(d0, int):
