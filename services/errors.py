@@ -200,4 +200,8 @@ HTTP_STATUS: dict[str, int] = {
     "SERVICE_UNAVAILABLE": 503,
     "UNSUPPORTED_OPS": 422,
     "INTERNAL": 500,
+    # The web framework's own refusals (api/errors.py FRAMEWORK_CODES), before any Kiln code runs.
+    "MALFORMED_REQUEST": 400,
+    "METHOD_NOT_ALLOWED": 405,
+    "UNSUPPORTED_MEDIA_TYPE": 415,
 }

@@ -30,6 +30,9 @@ _404: dict[int | str, dict[str, Any]] = {404: {"model": ErrorPublic, "descriptio
 #: Seconds between polls of a job's version by an open SSE stream, and between keep-alives.
 SSE_POLL = 0.05
 SSE_KEEPALIVE = 15.0
+#: The largest integer a query may carry: SQLite and PostgreSQL (bigint) take no more, and a
+#: larger one raised OverflowError in the driver (a 500) instead of a 422 naming the field.
+MAX_SQL_INT = 2**63 - 1
 
 
 @router.get("", response_model=JobsPublic, summary="List jobs")
@@ -40,7 +43,7 @@ def list_jobs(
     status: JobStatus | None = None,
     name: str | None = Query(None, description="Only jobs publishing this model name."),
     limit: int = Query(50, ge=1, le=500),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=MAX_SQL_INT),
 ) -> JobsPublic:
     """Return one page of jobs, newest first."""
     rows, count = jobs.list_jobs(status=status, name=name, limit=limit, offset=offset)
@@ -163,7 +166,7 @@ def job_events(
     request: Request,
     _: ReadAuth,
     jobs: JobStoreDep,
-    last_event_id: Annotated[int | None, Header()] = None,
+    last_event_id: Annotated[int | None, Header(ge=0, le=MAX_SQL_INT)] = None,
 ) -> StreamingResponse:
     """Stream the job's events (planned, step_started, progress, step_finished, ...) until `finished`.
 
