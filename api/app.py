@@ -13,6 +13,7 @@ from api.auth import TokenCache
 from api.deps import ReadAuth
 from api.errors import install_error_handlers
 from api.metrics import Metrics, MetricsMiddleware
+from api.openapi_errors import document_errors
 from api.polling import JobBodies, JobVersions
 from api.routes import compile as compile_routes
 from api.routes import jobs as job_routes
@@ -114,6 +115,7 @@ def _complete_openapi(app: FastAPI) -> None:
         for name, sub in spec_schema.pop("$defs", {}).items():
             schemas[name] = sub
         schemas["CompileSpec"] = spec_schema
+        document_errors(doc)
         app.openapi_schema = doc
         return doc
 

@@ -117,6 +117,12 @@ def cancel_job(job_id: str, _: WriteAuth, jobs: JobStoreDep, store: StoreDep) ->
     return job_public(jobs.get_job(job_id), store)
 
 
+class EventStreamResponse(StreamingResponse):
+    """A stream of Server-Sent Events (so the document names text/event-stream, not JSON)."""
+
+    media_type = "text/event-stream"
+
+
 def _sse(event: JobEvent) -> str:
     body = {"type": event.type, "step": event.step, "at": event.at.isoformat(), **(event.data or {})}
     return f"id: {event.id}\nevent: {event.type}\ndata: {json.dumps(body, default=str)}\n\n"
@@ -158,6 +164,7 @@ async def _event_stream(request: Request, jobs: JobStore, job_id: str, after: in
 
 @router.get(
     "/{job_id}/events",
+    response_class=EventStreamResponse,
     responses={200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"}, **_404},
     summary="Follow a job's progress (Server-Sent Events)",
 )
@@ -167,15 +174,14 @@ def job_events(
     _: ReadAuth,
     jobs: JobStoreDep,
     last_event_id: Annotated[int | None, Header(ge=0, le=MAX_SQL_INT)] = None,
-) -> StreamingResponse:
+) -> EventStreamResponse:
     """Stream the job's events (planned, step_started, progress, step_finished, ...) until `finished`.
 
     Reconnecting with `Last-Event-ID` resumes after that event.
     """
     jobs.job_status(job_id)  # 404 before the stream starts
-    return StreamingResponse(
+    return EventStreamResponse(
         _event_stream(request, jobs, job_id, last_event_id or 0),
-        media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
 
