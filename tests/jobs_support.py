@@ -309,6 +309,12 @@ def raising_step(ctx: Any) -> Any:
     raise RuntimeError("the converter could not handle op FancyOp")
 
 
+def path_raising_step(ctx: Any) -> Any:
+    """Fails like a tool naming the host file it choked on, after some output of its own."""
+    print("loading the model", flush=True)
+    raise ValueError(f"cannot parse {ctx.source.path}: unexpected end of data")
+
+
 def slow_export_onnxruntime(ctx: Any) -> Any:
     """The real onnxruntime exporter, held at a gate: $KILN_TEST_GATE/<job id>/release must exist.
 

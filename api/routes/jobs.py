@@ -23,6 +23,7 @@ from services.artifacts import DESCRIPTOR
 from services.errors import NotFound
 from services.jobs.models import FINAL_JOB_STATES, OPEN_STEP_STATES, JobEvent
 from services.jobs.store import JobStore
+from services.public_errors import public_error
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -125,6 +126,8 @@ class EventStreamResponse(StreamingResponse):
 
 def _sse(event: JobEvent) -> str:
     body = {"type": event.type, "step": event.step, "at": event.at.isoformat(), **(event.data or {})}
+    if isinstance(body.get("error"), dict):  # events recorded before the store sanitised errors
+        body["error"], _ = public_error(body["error"])
     return f"id: {event.id}\nevent: {event.type}\ndata: {json.dumps(body, default=str)}\n\n"
 
 
