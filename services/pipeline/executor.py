@@ -127,9 +127,9 @@ def run_step(
     cacheable = step.kind != "publish"
     key = step_cache_key(step, spec, {**input_keys, "source": source.sha256}, calibration_sha) if cacheable else None
     if key and use_cache and store.exists(key):
-        local = store.local_path(key) or store.fetch_dir(key, scratch / "cache-hit" / key.replace("/", "_"))
-        art = Artifact.load(local)
-        return StepOutcome(step.id, key, art, True, time.perf_counter() - started, art.meta)
+        hit_dir = store.local_path(key) or store.fetch_dir(key, scratch / "cache-hit" / key.replace("/", "_"))
+        hit = Artifact.load(hit_dir)
+        return StepOutcome(step.id, key, hit, True, time.perf_counter() - started, hit.meta)
 
     inputs: dict[str, Artifact] = {}
     for role, dep in step.inputs.items():
