@@ -31,7 +31,10 @@ TESTS_DIR = Path(__file__).resolve().parent
 # trust auth on loopback) point these at a superuser URL and a Redis server.
 PG_ADMIN = os.environ.get("KILN_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_BASE = os.environ.get("KILN_TEST_REDIS", "redis://127.0.0.1:6379").rstrip("/")
-KILN = str(REPO_ROOT / ".venv" / "bin" / "kiln")
+#: The `kiln` command of the Python running the tests, wherever the checkout or its virtualenv
+#: lives: the console script beside the interpreter, else the CLI module run by it.
+_SCRIPT = Path(sys.executable).parent / "kiln"
+KILN_CMD: list[str] = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "cli.main"]
 
 
 def _pg_up() -> bool:
@@ -126,7 +129,12 @@ class Proc:
         self.args, self.log = args, log
         self._fh = open(log, "ab")
         self.popen = subprocess.Popen(
-            [KILN, *args], env=env, stdout=self._fh, stderr=subprocess.STDOUT, start_new_session=True, cwd=TESTS_DIR
+            [*KILN_CMD, *args],
+            env=env,
+            stdout=self._fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=TESTS_DIR,
         )
 
     @property
