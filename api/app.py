@@ -19,6 +19,7 @@ from api.routes import compile as compile_routes
 from api.routes import jobs as job_routes
 from api.routes import plan as plan_routes
 from api.routes import service as service_routes
+from api.scratch import ApiScratch
 from services.graph.registry import Registry, default_registry
 from services.jobs.backends import open_repository, open_store
 from services.jobs.db import database_url
@@ -55,10 +56,11 @@ def create_app(
     url = database_url(settings)
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI) -> Any:
+    async def lifespan(app: FastAPI) -> Any:
         if url.startswith("sqlite"):
             upgrade(url)
         yield
+        app.state.scratch.close()
 
     # With auth on, the API description needs a token too ("every endpoint but the health
     # probes"); the interactive pages, which cannot send one, are off then.
@@ -79,6 +81,8 @@ def create_app(
     state.store = open_store(settings)
     state.repository = open_repository(settings)
     state.registry = registry or default_registry()
+    # Uploads, detection and downloads work here; a crashed predecessor's leftovers go now.
+    state.scratch = ApiScratch(settings.cache_dir / "api")
     state.token_cache = TokenCache()
     state.job_bodies = JobBodies()
     state.job_versions = JobVersions(state.jobs.job_versions)

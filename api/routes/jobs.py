@@ -15,7 +15,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from api.deps import JobStoreDep, ReadAuth, SettingsDep, StoreDep, WriteAuth
+from api.deps import JobStoreDep, ReadAuth, StoreDep, WriteAuth
 from api.polling import CachedBody, JobBodies, JobVersions
 from api.schemas import ErrorPublic, JobPublic, JobsPublic, JobStatus
 from api.views import job_public
@@ -237,7 +237,7 @@ def _tar_artifact(store: Any, key: str, scratch: Path, arcname: str) -> Path:
     summary="Download a target's artifact",
 )
 def download_artifact(
-    job_id: str, target: str, _: ReadAuth, jobs: JobStoreDep, store: StoreDep, settings: SettingsDep
+    job_id: str, target: str, request: Request, _: ReadAuth, jobs: JobStoreDep, store: StoreDep
 ) -> FileResponse:
     """Return the exported artifact of ``target`` (the files that were published) as a tar."""
     job = jobs.get_job(job_id)
@@ -250,7 +250,7 @@ def download_artifact(
             f"target {target} of job {job_id} has no artifact (export step is {step.status if step else 'missing'})",
             hint="Wait for the job to finish; GET /jobs/{id} shows each step.",
         )
-    root = settings.cache_dir / "api" / "downloads"
+    root = request.app.state.scratch.dir / "downloads"
     root.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="dl-", dir=root))
     arcname = f"{job.name}-{target}"
