@@ -4,7 +4,8 @@ A KilnError's code picks the status from HTTP_STATUS. FastAPI's own request vali
 errors become INVALID_SPEC (422) naming each field; the framework's own HTTP errors (404 for
 an unknown path, 405, 400 for a body it cannot parse) get a code from :data:`FRAMEWORK_CODES`.
 Anything else is caught by :class:`UnexpectedErrorMiddleware`: a backing service that does not
-answer (database, broker, S3) is 503 SERVICE_UNAVAILABLE like /readyz, the rest 500 INTERNAL,
+answer (database, broker, S3) is 503 SERVICE_UNAVAILABLE like /readyz, a full disk 507
+STORAGE_FULL, the rest 500 INTERNAL,
 logged with its traceback but never sent to the client.
 """
 
@@ -18,8 +19,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from services.errors import HTTP_STATUS, InvalidSpec, KilnError, ServiceUnavailable
-from services.outages import backing_service_down
+from services.errors import HTTP_STATUS, InvalidSpec, KilnError, ServiceUnavailable, StorageFull
+from services.outages import backing_service_down, storage_full
 from services.spec import TargetName
 
 __all__ = ["FRAMEWORK_CODES", "UnexpectedErrorMiddleware", "error_response", "install_error_handlers"]
@@ -68,6 +69,9 @@ def _framework_error(exc: StarletteHTTPException) -> JSONResponse:
 
 def _unexpected_error(exc: BaseException, method: str, path: str) -> KilnError:
     """Return what the client is told about ``exc``: SERVICE_UNAVAILABLE or INTERNAL, no traceback."""
+    if storage_full(exc):
+        log.error("%s %s: out of disk space: %s", method, path, exc)
+        return StorageFull("the server has no disk space left for this request")
     service = backing_service_down(exc)
     if service is not None:
         log.warning("%s %s: %s is not answering: %s: %s", method, path, service, type(exc).__name__, exc)

@@ -7,7 +7,8 @@ layers around it and are added here for every operation, so the document cannot 
 - 401/403 from the bearer-token dependency (operations with ``security``);
 - 422 INVALID_SPEC from request validation (operations with parameters or a body);
 - 400 MALFORMED_REQUEST when the framework cannot parse a body;
-- 500 INTERNAL and 503 SERVICE_UNAVAILABLE from api/errors.py's middleware.
+- 500 INTERNAL and 503 SERVICE_UNAVAILABLE from api/errors.py's middleware, and 507
+  STORAGE_FULL on uploads.
 
 An error body is always JSON, also on routes whose success is text or a tar.
 """
@@ -35,6 +36,8 @@ def _statuses(op: dict[str, Any]) -> dict[str, str]:
         found["422"] = "INVALID_SPEC (naming the field)"
     if op.get("requestBody"):
         found["400"] = "MALFORMED_REQUEST (a body that cannot be parsed)"
+    if "multipart/form-data" in op.get("requestBody", {}).get("content", {}):
+        found["507"] = "STORAGE_FULL (no disk space left for the upload)"
     return found
 
 

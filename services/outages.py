@@ -8,10 +8,12 @@ boto3 or redis just to ask would cost every process that never uses them.
 
 from __future__ import annotations
 
+import errno
+import shutil
 import sys
 from collections.abc import Iterator
 
-__all__ = ["backing_service_down"]
+__all__ = ["backing_service_down", "storage_full"]
 
 # (module, class names, which service) — the errors that mean "could not reach it", not "it
 # said no": a refused connection, a dropped one, a pool or socket timeout.
@@ -51,3 +53,21 @@ def backing_service_down(exc: BaseException) -> str | None:
         if isinstance(err, ConnectionError | TimeoutError):  # a socket refused, reset or timed out
             return "backing service"
     return None
+
+
+#: A write refused for want of space: the disk (ENOSPC) or the user's quota (EDQUOT).
+_FULL = {errno.ENOSPC, errno.EDQUOT}
+
+
+def storage_full(exc: BaseException) -> bool:
+    """Return whether ``exc`` (or what caused it) is a write refused because a disk or quota is full."""
+    for err in _chain(exc):
+        if isinstance(err, OSError) and err.errno in _FULL:
+            return True
+        # shutil.copytree collects its failures into one shutil.Error of (src, dst, "why")
+        # strings, the errno only in the text.
+        if isinstance(err, shutil.Error) and err.args and isinstance(err.args[0], list):
+            marks = tuple(f"[Errno {n}]" for n in _FULL)
+            if any(isinstance(e, tuple) and len(e) == 3 and str(e[2]).startswith(marks) for e in err.args[0]):
+                return True
+    return False

@@ -323,6 +323,37 @@ def path_raising_step(ctx: Any) -> Any:
     raise ValueError(f"cannot parse {ctx.source.path}: unexpected end of data")
 
 
+def gated_s3_publish(ctx: Any) -> Any:
+    """The real publish step, held at a gate halfway through writing the version to S3.
+
+    After the first batch of the version's files is uploaded (the model, not yet its manifest)
+    it marks $KILN_TEST_GATE/<job id>/mid-publish and waits for .../release-publish.
+    """
+    import services.repository.s3 as s3_repo
+    from services.repository.step import run_publish_step
+
+    gate = Path(os.environ["KILN_TEST_GATE"]) / ctx.job_id
+    gate.mkdir(parents=True, exist_ok=True)
+    real_upload = s3_repo.upload_files
+    calls = []
+
+    def upload_then_wait(*args: Any, **kwargs: Any) -> Any:
+        result = real_upload(*args, **kwargs)
+        calls.append(1)
+        if len(calls) == 1:
+            (gate / "mid-publish").touch()
+            deadline = time.monotonic() + 120
+            while not (gate / "release-publish").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return result
+
+    s3_repo.upload_files = upload_then_wait  # type: ignore[assignment]
+    try:
+        return run_publish_step(ctx)
+    finally:
+        s3_repo.upload_files = real_upload  # type: ignore[assignment]
+
+
 def slow_export_onnxruntime(ctx: Any) -> Any:
     """The real onnxruntime exporter, held at a gate: $KILN_TEST_GATE/<job id>/release must exist.
 
