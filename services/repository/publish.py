@@ -27,6 +27,8 @@ __all__ = [
 
 MANIFEST = "kiln-manifest.json"
 MODEL_META = "kiln-model.json"
+#: How many (job id -> version) records a model's kiln-model.json keeps for rerun detection.
+PUBLISHED_BY_KEPT = 1000
 
 
 @dataclass
@@ -55,6 +57,29 @@ def _served_models(repo: ModelRepository, kind: str) -> list[ServedModel]:
     return out
 
 
+def _already_published(
+    repo: ModelRepository, name: str, prior: dict[str, Any], versions: list[int], job_id: str | None
+) -> int | None:
+    """Return the version job ``job_id`` already published under ``name``, or None.
+
+    A worker that dies after writing a version but before the job store records it makes
+    its step run again; that rerun must find the version, not publish a second one. The
+    model's record maps recent jobs to their versions; a version newer than the record's
+    ``latest`` was written by a publish that died before updating it, so its manifest is read.
+    """
+    if not job_id:
+        return None
+    recorded = prior.get("published_by", {}).get(job_id)
+    if recorded in versions:
+        return int(recorded)
+    for v in versions:
+        if v > int(prior.get("latest", 0)):
+            body = repo.read_file(f"{name}/{v}/{MANIFEST}")
+            if body is not None and json.loads(body).get("job_id") == job_id:
+                return v
+    return None
+
+
 def publish_version(
     repo: ModelRepository,
     artifact: Artifact,
@@ -73,8 +98,10 @@ def publish_version(
     meta = artifact.meta
     target = meta["target"]
     serving: dict[str, Any] = meta.get("serving", {})
+    job_id = manifest.get("job_id")
     with repo.lock():
         existing_meta = repo.read_file(f"{name}/{MODEL_META}")
+        prior: dict[str, Any] = {}
         if existing_meta is not None:
             prior = json.loads(existing_meta)
             if prior.get("target") != target:
@@ -83,7 +110,10 @@ def publish_version(
                     name=name,
                 )
         versions = repo.versions(name)
-        if version is None:
+        done = _already_published(repo, name, prior, versions, job_id)
+        if done is not None:  # a rerun of this job's publish: finish what the first attempt began
+            version = done
+        elif version is None:
             version = (versions[-1] + 1) if versions else 1
         elif version in versions:
             raise RepositoryConflict(f"model {name!r} already has version {version}", name=name, version=version)
@@ -93,8 +123,18 @@ def publish_version(
             shutil.copytree(artifact.root, staged, ignore=shutil.ignore_patterns(DESCRIPTOR, ".kiln-complete"))
             (staged / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
             files = sorted(p.relative_to(staged).as_posix() for p in staged.rglob("*") if p.is_file())
-            repo.write_version(name, version, staged)
-        model_meta = {"target": target, "format": meta.get("format"), "serving": serving, "latest": version}
+            if done is None:
+                repo.write_version(name, version, staged)
+        published_by = {k: v for k, v in prior.get("published_by", {}).items() if k != job_id}
+        if job_id:
+            published_by[job_id] = version
+        model_meta = {
+            "target": target,
+            "format": meta.get("format"),
+            "serving": serving,
+            "latest": max(version, int(prior.get("latest", 0))) if done is not None else version,
+            "published_by": dict(list(published_by.items())[-PUBLISHED_BY_KEPT:]),
+        }
         repo.write_file(f"{name}/{MODEL_META}", json.dumps(model_meta, indent=2).encode())
         triton = serving.get("triton")
         if triton:
