@@ -102,7 +102,9 @@ def run(label: str, model: Path, tmp: Path, shape: list[int] | None) -> str:
         f"{a['input_shapes']} {'✗' if a.get('error') else '✓'} {a['seconds']:.1f}"
         for a in convert.meta.get("attempts", [])
     )
-    shapes = convert.meta.get("fixed_input_shapes") or "dynamic"
+    fixed = convert.meta.get("fixed_input_shapes") or {}
+    distinct = {str(v) for v in fixed.values()}
+    shapes = "dynamic" if not fixed else (f"`{distinct.pop()}`" if len(distinct) == 1 else str(fixed))
     cells = []
     for target in ("tflite", "tfserving"):
         t = result.targets[target]
@@ -123,7 +125,7 @@ def main() -> None:
     import tensorflow as tf
 
     rows = [
-        "| model | onnx2tf attempts (s) | SavedModel fixed shapes | convert step s | job s "
+        "| model | onnx2tf attempts (s) | SavedModel input shapes | convert step s | job s "
         "| tflite max abs / cosine | tfserving max abs / cosine |",
         "|---|---|---|---|---|---|---|",
     ]
