@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 EXTRAS := onnxruntime,openvino,tensorflow,torch,service,dev
 
-.PHONY: setup demo test lint lock benchmarks smoke clean
+.PHONY: setup demo test lint typecheck lock benchmarks smoke clean
 
 setup: $(VENV)/.installed
 
@@ -26,6 +26,10 @@ test: setup
 lint: setup
 	$(BIN)/ruff check api services workers cli tests benchmarks docker
 	$(BIN)/ruff format --check api services workers cli tests benchmarks docker
+
+# The packages' sources (pyproject's [tool.mypy] files); tests and benchmarks are scripts.
+typecheck: setup
+	$(BIN)/mypy
 
 lock: setup
 	$(BIN)/pip freeze --exclude-editable | grep -v '^kiln' > constraints.txt.new && mv constraints.txt.new constraints.txt

@@ -16,11 +16,13 @@ from api.auth import TokenCache
 from api.deps import ReadAuth
 from api.errors import install_error_handlers
 from api.metrics import Metrics, MetricsMiddleware
+from api.openapi_errors import document_errors
 from api.polling import JobBodies, JobVersions
 from api.routes import compile as compile_routes
 from api.routes import jobs as job_routes
 from api.routes import plan as plan_routes
 from api.routes import service as service_routes
+from api.scratch import ApiScratch
 from services.graph.registry import Registry, default_registry
 from services.jobs.backends import open_repository, open_store
 from services.jobs.db import database_url
@@ -70,7 +72,7 @@ def create_app(
                 log.warning("sweep for unserved steps failed", exc_info=True)
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI) -> Any:
+    async def lifespan(app: FastAPI) -> Any:
         if url.startswith("sqlite"):
             upgrade(url)
         sweeper = asyncio.create_task(fail_unserved_steps())
@@ -80,6 +82,7 @@ def create_app(
             sweeper.cancel()
             with suppress(asyncio.CancelledError):
                 await sweeper
+            app.state.scratch.close()
 
     # With auth on, the API description needs a token too ("every endpoint but the health
     # probes"); the interactive pages, which cannot send one, are off then.
@@ -100,6 +103,8 @@ def create_app(
     state.store = open_store(settings)
     state.repository = open_repository(settings)
     state.registry = registry or default_registry()
+    # Uploads, detection and downloads work here; a crashed predecessor's leftovers go now.
+    state.scratch = ApiScratch(settings.cache_dir / "api")
     state.token_cache = TokenCache()
     state.job_bodies = JobBodies()
     state.job_versions = JobVersions(state.jobs.job_versions)
@@ -136,6 +141,7 @@ def _complete_openapi(app: FastAPI) -> None:
         for name, sub in spec_schema.pop("$defs", {}).items():
             schemas[name] = sub
         schemas["CompileSpec"] = spec_schema
+        document_errors(doc)
         app.openapi_schema = doc
         return doc
 

@@ -9,6 +9,7 @@ from api.schemas import ErrorPublic, JobPublic, SourcePublic, StepPublic, Target
 from services.graph.planner import Plan
 from services.jobs.models import Job, JobStep
 from services.pipeline.results import target_step_ids
+from services.public_errors import public_error
 from services.storage.base import ArtifactStore
 
 __all__ = ["job_public"]
@@ -29,6 +30,7 @@ _REPORT_KEYS = (
 def _error(body: dict[str, Any] | None) -> ErrorPublic | None:
     if not body:
         return None
+    body, _ = public_error(body)  # errors recorded before the store sanitised them
     return ErrorPublic(
         code=body.get("code", "INTERNAL"),
         message=body.get("message", ""),

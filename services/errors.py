@@ -24,6 +24,7 @@ __all__ = [
     "ServiceUnavailable",
     "SlowerThanFp32",
     "SourceUnreadable",
+    "StorageFull",
     "Timeout",
     "Unauthorized",
     "UnsafeInput",
@@ -160,6 +161,13 @@ class ServiceUnavailable(KilnError):
     default_hint = "A backing service (broker, database or storage) is not answering; retry shortly."
 
 
+class StorageFull(KilnError):
+    code = "STORAGE_FULL"
+    default_hint = (
+        "The disk holding the artifact store, the repository or the scratch space is full; free space and resubmit."
+    )
+
+
 class UnsupportedOps(KilnError):
     code = "UNSUPPORTED_OPS"
     default_hint = "The target engine cannot import some of the model's operators; the list is in the details."
@@ -186,6 +194,7 @@ _BY_CODE: dict[str, type[KilnError]] = {
         RepositoryConflict,
         ServiceUnavailable,
         UnsupportedOps,
+        StorageFull,
     )
 }
 
@@ -210,4 +219,9 @@ HTTP_STATUS: dict[str, int] = {
     "SERVICE_UNAVAILABLE": 503,
     "UNSUPPORTED_OPS": 422,
     "INTERNAL": 500,
+    "STORAGE_FULL": 507,
+    # The web framework's own refusals (api/errors.py FRAMEWORK_CODES), before any Kiln code runs.
+    "MALFORMED_REQUEST": 400,
+    "METHOD_NOT_ALLOWED": 405,
+    "UNSUPPORTED_MEDIA_TYPE": 415,
 }

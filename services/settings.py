@@ -8,13 +8,21 @@ Helm chart's ConfigMap/Secret use exactly these names).
 from __future__ import annotations
 
 import os
+from enum import Enum
 from functools import lru_cache
 from pathlib import Path
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["Settings", "get_settings"]
+__all__ = ["Environment", "Settings", "get_settings"]
+
+
+class Environment(str, Enum):
+    """Where Kiln runs: production refuses the unsafe defaults development allows."""
+
+    DEVELOPMENT = "development"
+    PRODUCTION = "production"
 
 
 def _default_cache() -> Path:
@@ -31,8 +39,8 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="KILN_", env_file=".env", extra="ignore")
 
-    environment: str = Field(
-        default="development", description="development | production; production refuses unsafe defaults."
+    environment: Environment = Field(
+        default=Environment.DEVELOPMENT, description="development | production; production refuses unsafe defaults."
     )
     cache_dir: Path = Field(default_factory=_default_cache, description="Local scratch space and artifact cache.")
     data_dir: Path = Field(
@@ -93,7 +101,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _refuse_unsafe_production(self) -> Settings:
-        if self.environment == "production":
+        if self.environment is Environment.PRODUCTION:
             problems = []
             if not self.auth_enabled:
                 problems.append("KILN_AUTH_ENABLED must be true")

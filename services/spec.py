@@ -401,6 +401,10 @@ def load_spec(data: dict[str, Any] | str | Path) -> CompileSpec:
             data = json.loads(data)
     except (OSError, json.JSONDecodeError) as exc:
         raise InvalidSpec(f"spec is not readable JSON: {exc}") from exc
+    except RecursionError as exc:  # json's decoder recurses once per level of [ or {
+        raise InvalidSpec(
+            "spec is nested too deeply to read", errors=[{"field": "(spec)", "problem": "nested too deeply"}]
+        ) from exc
     if not isinstance(data, dict):
         raise InvalidSpec("spec must be a JSON object")
     try:

@@ -31,7 +31,10 @@ TESTS_DIR = Path(__file__).resolve().parent
 # trust auth on loopback) point these at a superuser URL and a Redis server.
 PG_ADMIN = os.environ.get("KILN_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_BASE = os.environ.get("KILN_TEST_REDIS", "redis://127.0.0.1:6379").rstrip("/")
-KILN = str(REPO_ROOT / ".venv" / "bin" / "kiln")
+#: The `kiln` command of the Python running the tests, wherever the checkout or its virtualenv
+#: lives: the console script beside the interpreter, else the CLI module run by it.
+_SCRIPT = Path(sys.executable).parent / "kiln"
+KILN_CMD: list[str] = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "cli.main"]
 
 
 def _pg_up() -> bool:
@@ -129,7 +132,12 @@ class Proc:
         self.args, self.log = args, log
         self._fh = open(log, "ab")
         self.popen = subprocess.Popen(
-            [KILN, *args], env=env, stdout=self._fh, stderr=subprocess.STDOUT, start_new_session=True, cwd=TESTS_DIR
+            [*KILN_CMD, *args],
+            env=env,
+            stdout=self._fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=TESTS_DIR,
         )
 
     @property
@@ -310,6 +318,43 @@ def sleep_step(ctx: Any) -> Any:
 
 def raising_step(ctx: Any) -> Any:
     raise RuntimeError("the converter could not handle op FancyOp")
+
+
+def path_raising_step(ctx: Any) -> Any:
+    """Fails like a tool naming the host file it choked on, after some output of its own."""
+    print("loading the model", flush=True)
+    raise ValueError(f"cannot parse {ctx.source.path}: unexpected end of data")
+
+
+def gated_s3_publish(ctx: Any) -> Any:
+    """The real publish step, held at a gate halfway through writing the version to S3.
+
+    After the first batch of the version's files is uploaded (the model, not yet its manifest)
+    it marks $KILN_TEST_GATE/<job id>/mid-publish and waits for .../release-publish.
+    """
+    import services.repository.s3 as s3_repo
+    from services.repository.step import run_publish_step
+
+    gate = Path(os.environ["KILN_TEST_GATE"]) / ctx.job_id
+    gate.mkdir(parents=True, exist_ok=True)
+    real_upload = s3_repo.upload_files
+    calls = []
+
+    def upload_then_wait(*args: Any, **kwargs: Any) -> Any:
+        result = real_upload(*args, **kwargs)
+        calls.append(1)
+        if len(calls) == 1:
+            (gate / "mid-publish").touch()
+            deadline = time.monotonic() + 120
+            while not (gate / "release-publish").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return result
+
+    s3_repo.upload_files = upload_then_wait  # type: ignore[assignment]
+    try:
+        return run_publish_step(ctx)
+    finally:
+        s3_repo.upload_files = real_upload  # type: ignore[assignment]
 
 
 def slow_export_onnxruntime(ctx: Any) -> Any:

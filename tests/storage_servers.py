@@ -67,6 +67,38 @@ class S3Server:
             "secret_access_key": self.secret_access_key,
         }
 
+    def crash(self) -> None:
+        """SIGKILL the server but keep its data, ports and credentials: ``restart()`` brings it back."""
+        assert self.process is not None
+        self._args = list(self.process.args)  # type: ignore[arg-type]
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=10)
+        for sock in self.stray_sockets:
+            sock.unlink(missing_ok=True)
+
+    def restart(self) -> None:
+        """Start the crashed server again on the same ports and data; wait until S3 answers."""
+        assert self.workdir is not None
+        with open(self.workdir / "weed.log", "ab") as log:
+            self.process = subprocess.Popen(
+                self._args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "TMPDIR": str(self.workdir)},
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        deadline = time.monotonic() + _START_TIMEOUT
+        client = self.client()
+        while True:
+            try:
+                client.head_bucket(Bucket=self.bucket)
+                return
+            except Exception:
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    raise
+                time.sleep(0.2)
+
     def stop(self) -> None:
         """Kill the server and remove its data; safe to call twice."""
         proc, self.process = self.process, None

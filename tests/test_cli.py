@@ -5,20 +5,18 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-
-KILN = str(Path(sys.executable).parent / "kiln")
+from jobs_support import KILN_CMD
 
 
 def run(
     *args: str, cwd: Path | None = None, env_extra: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "200", **(env_extra or {})}
-    return subprocess.run([KILN, *args], capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
+    return subprocess.run([*KILN_CMD, *args], capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
 
 
 def test_compile_onnxruntime_and_openvino(cnn_onnx: Path, tmp_path: Path) -> None:

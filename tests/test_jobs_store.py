@@ -307,15 +307,15 @@ def test_a_worker_continues_with_a_ready_step_of_its_own_engines(jobs: JobStore)
 def test_kiln_migrate_and_token_commands_work_from_any_directory(tmp_path: Path) -> None:
     import subprocess
 
-    from jobs_support import KILN, service_env
+    from jobs_support import KILN_CMD, service_env
 
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     env = service_env(database_url=url, cache_dir=tmp_path)
-    done = subprocess.run([KILN, "migrate"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    done = subprocess.run([*KILN_CMD, "migrate"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "up to date" in done.stdout
     made = subprocess.run(
-        [KILN, "token", "create", "ci", "--scope", "read"],
+        [*KILN_CMD, "token", "create", "ci", "--scope", "read"],
         env=env,
         cwd=tmp_path,
         capture_output=True,

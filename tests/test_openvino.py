@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from google.protobuf import text_format
+from jobs_support import KILN_CMD
 from ovms_schema import check_ovms_config
 
 from services.errors import KilnError
@@ -20,8 +21,6 @@ from services.formats import Format
 from services.graph.planner import plan_routes
 from services.pipeline import compile_model
 from services.spec import DEFAULT_TOLERANCES, Precision, load_spec
-
-KILN = str(Path(sys.executable).parent / "kiln")
 
 
 def _spec(precision: str, **extra):
@@ -174,7 +173,7 @@ def test_default_route_with_optimizer_and_json_cli(transformer_onnx: Path, tmp_p
     repo = tmp_path / "repo"
     proc = subprocess.run(
         [
-            KILN,
+            *KILN_CMD,
             "compile",
             str(transformer_onnx),
             "-t",

@@ -6,19 +6,17 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from google.protobuf import text_format
+from jobs_support import KILN_CMD
 from tf_models import IMAGE, image_calibration, keras_cnn, keras_mlp, keras_two_inputs
 
 from services.pipeline import compile_model
 from services.repository.publish import read_manifest
 from services.spec import load_spec
-
-KILN = str(Path(sys.executable).parent / "kiln")
 
 
 @pytest.fixture(scope="session")
@@ -133,7 +131,7 @@ def test_issue_cli_line(tf_dir: Path, tmp_path: Path) -> None:
     repo = tmp_path / "DIR"
     env = {**os.environ, "COLUMNS": "200", "KILN_CACHE_DIR": str(tmp_path / "cache")}
     proc = subprocess.run(
-        [KILN, "compile", "model.keras", "--target", "tflite", "--target", "tfserving", "--precision", "int8",
+        [*KILN_CMD, "compile", "model.keras", "--target", "tflite", "--target", "tfserving", "--precision", "int8",
          "--calibration", "calib.npz", "--repo", str(repo), "--name", "NAME"],
         capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env,
     )  # fmt: skip

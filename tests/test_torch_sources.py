@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from jobs_support import KILN_CMD
 from models import BERT_VOCAB, assert_parity_passed, export_again, tiny_bert_module, tiny_cnn_module
 
 from services.errors import InvalidSpec, UnsafeInput
@@ -27,8 +28,6 @@ from services.formats import Format
 from services.pipeline import compile_model
 from services.runners import open_runner
 from services.spec import load_spec
-
-KILN = str(Path(sys.executable).parent / "kiln")
 
 # --------------------------------------------------------------------------- models, once
 
@@ -397,7 +396,7 @@ def test_pickled_torch_model_refused_and_payload_not_run(zipped, tmp_path, share
 
     env = {**os.environ, "COLUMNS": "200"}
     proc = subprocess.run(
-        [KILN, "compile", str(model_path), "-t", "onnxruntime", "--repo", str(tmp_path / "repo"),
+        [*KILN_CMD, "compile", str(model_path), "-t", "onnxruntime", "--repo", str(tmp_path / "repo"),
          "--cache-dir", str(tmp_path / "cache")],
         capture_output=True, text=True, timeout=300, env=env,
     )  # fmt: skip

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from jobs_support import KILN, TESTS_DIR, service_env
+from jobs_support import KILN_CMD, TESTS_DIR, service_env
 
 from services.errors import KilnError
 from services.graph.engines import ENGINES, queue_name
@@ -229,7 +229,7 @@ def test_the_probe_refuses_an_engine_whose_sdk_is_missing() -> None:
 @pytest.mark.parametrize("engine", ["tensorrt-cu13", "no-such-engine"])
 def test_kiln_worker_refuses_to_start_on_a_missing_engine(engine: str, tmp_path: Path) -> None:
     proc = subprocess.run(
-        [KILN, "worker", "--engine", engine],
+        [*KILN_CMD, "worker", "--engine", engine],
         env=service_env(cache_dir=tmp_path, broker_url="redis://127.0.0.1:1/0"),
         capture_output=True,
         text=True,

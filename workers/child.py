@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.errors import Cancelled, ConversionFailed, KilnError, Timeout
+from services.errors import Cancelled, ConversionFailed, KilnError, StorageFull, Timeout
+from services.outages import storage_full
 from services.settings import Settings
 
 __all__ = [
@@ -247,6 +248,8 @@ def _run_reporting(req: StepRequest, conn: Any) -> dict[str, Any]:
     except KilnError as exc:
         return {"ok": False, "error": exc.to_dict()}
     except BaseException as exc:  # the step must report, whatever happened
+        if storage_full(exc):  # e.g. fetching its inputs into a full scratch disk
+            return {"ok": False, "error": StorageFull(f"step {req.step['id']}: {exc}", step=req.step["id"]).to_dict()}
         tail = traceback.format_exc()[-LOG_TAIL_CHARS:]
         err = ConversionFailed(
             f"step {req.step['id']} failed: {type(exc).__name__}: {exc}",

@@ -78,7 +78,7 @@ async def submit(
     cache: bool = Query(True, description="Take step outputs from the cache when present."),
 ) -> JSONResponse:
     """Stream the upload to the artifact store, plan it and queue it; 202 with the job id."""
-    scratch = settings.cache_dir / "api"
+    scratch = request.app.state.scratch.dir
     upload = await receive_upload(request, max_bytes=settings.max_upload_bytes, tmp_root=scratch / "uploads")
     request.app.state.metrics.upload_bytes.inc(upload.total_bytes)
     # One trip to a worker thread for the blocking part: detect, plan, store, record, enqueue.

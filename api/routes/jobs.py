@@ -15,7 +15,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from api.deps import JobStoreDep, ReadAuth, SettingsDep, StoreDep, WriteAuth
+from api.deps import JobStoreDep, ReadAuth, StoreDep, WriteAuth
 from api.polling import CachedBody, JobBodies, JobVersions
 from api.schemas import ErrorPublic, JobPublic, JobsPublic, JobStatus
 from api.views import job_public
@@ -23,6 +23,7 @@ from services.artifacts import DESCRIPTOR
 from services.errors import NotFound
 from services.jobs.models import FINAL_JOB_STATES, OPEN_STEP_STATES, JobEvent
 from services.jobs.store import JobStore
+from services.public_errors import public_error
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -30,6 +31,9 @@ _404: dict[int | str, dict[str, Any]] = {404: {"model": ErrorPublic, "descriptio
 #: Seconds between polls of a job's version by an open SSE stream, and between keep-alives.
 SSE_POLL = 0.05
 SSE_KEEPALIVE = 15.0
+#: The largest integer a query may carry: SQLite and PostgreSQL (bigint) take no more, and a
+#: larger one raised OverflowError in the driver (a 500) instead of a 422 naming the field.
+MAX_SQL_INT = 2**63 - 1
 
 
 @router.get("", response_model=JobsPublic, summary="List jobs")
@@ -40,7 +44,7 @@ def list_jobs(
     status: JobStatus | None = None,
     name: str | None = Query(None, description="Only jobs publishing this model name."),
     limit: int = Query(50, ge=1, le=500),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=MAX_SQL_INT),
 ) -> JobsPublic:
     """Return one page of jobs, newest first."""
     rows, count = jobs.list_jobs(status=status, name=name, limit=limit, offset=offset)
@@ -114,8 +118,16 @@ def cancel_job(job_id: str, _: WriteAuth, jobs: JobStoreDep, store: StoreDep) ->
     return job_public(jobs.get_job(job_id), store)
 
 
+class EventStreamResponse(StreamingResponse):
+    """A stream of Server-Sent Events (so the document names text/event-stream, not JSON)."""
+
+    media_type = "text/event-stream"
+
+
 def _sse(event: JobEvent) -> str:
     body = {"type": event.type, "step": event.step, "at": event.at.isoformat(), **(event.data or {})}
+    if isinstance(body.get("error"), dict):  # events recorded before the store sanitised errors
+        body["error"], _ = public_error(body["error"])
     return f"id: {event.id}\nevent: {event.type}\ndata: {json.dumps(body, default=str)}\n\n"
 
 
@@ -155,6 +167,7 @@ async def _event_stream(request: Request, jobs: JobStore, job_id: str, after: in
 
 @router.get(
     "/{job_id}/events",
+    response_class=EventStreamResponse,
     responses={200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"}, **_404},
     summary="Follow a job's progress (Server-Sent Events)",
 )
@@ -163,16 +176,15 @@ def job_events(
     request: Request,
     _: ReadAuth,
     jobs: JobStoreDep,
-    last_event_id: Annotated[int | None, Header()] = None,
-) -> StreamingResponse:
+    last_event_id: Annotated[int | None, Header(ge=0, le=MAX_SQL_INT)] = None,
+) -> EventStreamResponse:
     """Stream the job's events (planned, step_started, progress, step_finished, ...) until `finished`.
 
     Reconnecting with `Last-Event-ID` resumes after that event.
     """
     jobs.job_status(job_id)  # 404 before the stream starts
-    return StreamingResponse(
+    return EventStreamResponse(
         _event_stream(request, jobs, job_id, last_event_id or 0),
-        media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
 
@@ -225,7 +237,7 @@ def _tar_artifact(store: Any, key: str, scratch: Path, arcname: str) -> Path:
     summary="Download a target's artifact",
 )
 def download_artifact(
-    job_id: str, target: str, _: ReadAuth, jobs: JobStoreDep, store: StoreDep, settings: SettingsDep
+    job_id: str, target: str, request: Request, _: ReadAuth, jobs: JobStoreDep, store: StoreDep
 ) -> FileResponse:
     """Return the exported artifact of ``target`` (the files that were published) as a tar."""
     job = jobs.get_job(job_id)
@@ -238,7 +250,7 @@ def download_artifact(
             f"target {target} of job {job_id} has no artifact (export step is {step.status if step else 'missing'})",
             hint="Wait for the job to finish; GET /jobs/{id} shows each step.",
         )
-    root = settings.cache_dir / "api" / "downloads"
+    root = request.app.state.scratch.dir / "downloads"
     root.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="dl-", dir=root))
     arcname = f"{job.name}-{target}"

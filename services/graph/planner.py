@@ -297,7 +297,7 @@ def plan_routes(
     for target, route in chosen.items():
         prev = "source"
         chain: list[str] = []
-        fmt = source
+        fmt: Format = source
 
         def maybe_optimize(fmt: Format, prev: str, chain: list[str]) -> str:
             if fmt is not Format.ONNX or not spec.optimize:

@@ -50,6 +50,7 @@ from services.jobs.models import (
     utcnow,
 )
 from services.pipeline.results import blocked_by, target_results
+from services.public_errors import public_error
 
 __all__ = ["Advance", "ClaimedStep", "JobStore", "JobVersion", "NewJob", "hash_token"]
 
@@ -343,13 +344,14 @@ class JobStore:
             job = self._lock_job(s, job_id)
             if job.status in FINAL_JOB_STATES:
                 return
-            job.status, job.error, job.finished_at = "failed", error.to_dict(), now
+            body, _ = public_error(error.to_dict())
+            job.status, job.error, job.finished_at = "failed", body, now
             s.execute(
                 update(JobStep)
                 .where(JobStep.job_id == job_id, JobStep.status.in_(("pending", "queued")))
-                .values(status="skipped", error=error.to_dict(), finished_at=now)
+                .values(status="skipped", error=body, finished_at=now)
             )
-            self.add_event(s, job_id, "failed", error=error.to_dict())
+            self.add_event(s, job_id, "failed", error=body)
             self.add_event(s, job_id, "finished", status="failed", ok=False)
 
     def cancel_job(self, job_id: str) -> bool:
@@ -536,6 +538,12 @@ class JobStore:
         the step's last progress messages not yet recorded, written before its result.
         """
         now = utcnow()
+        if error is not None:
+            # The job shows a short sanitised excerpt; the tool's full output (a traceback,
+            # host paths) goes to the step's log, which GET /jobs/{id}/logs serves operators.
+            error, output = public_error(error)
+            if output and output not in (log or ""):
+                log = f"{log or ''}\n--- error output of {step_id} ---\n{output}".lstrip("\n")
         with self.write() as s:
             job, rows, known = self._lock_job_steps(s, job_id)
             row = rows.get(step_id)

@@ -87,7 +87,7 @@ def _refine(value: ir.Value, inferred: ir.Value) -> bool:
         return True
     if value.shape.rank() != inferred.shape.rank():
         return changed
-    dims = []
+    dims: list[int | ir.SymbolicDim] = []
     for mine, theirs in zip(value.shape, inferred.shape, strict=True):
         if isinstance(mine, int):
             if isinstance(theirs, int) and theirs != mine:
@@ -232,13 +232,17 @@ def _static_dim(node: ir.Node) -> np.ndarray | None:
     return np.array(picked, dtype=np.int64).reshape(idx.shape)
 
 
+def _computed(value: ir.Value | None) -> bool:
+    """Return whether ``value`` is computed at run time (neither a constant nor a Constant's output)."""
+    if value is None or value.const_value is not None:
+        return False
+    producer = value.producer()
+    return producer is None or producer.op_type != "Constant"
+
+
 def _has_computed_reshape(model: ir.Model) -> bool:
     return any(
-        node.op_type == "Reshape"
-        and len(node.inputs) > 1
-        and node.inputs[1] is not None
-        and node.inputs[1].const_value is None
-        and (node.inputs[1].producer() is None or node.inputs[1].producer().op_type != "Constant")
+        node.op_type == "Reshape" and len(node.inputs) > 1 and _computed(node.inputs[1])
         for graph in model.graphs()
         for node in graph
     )

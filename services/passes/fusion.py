@@ -109,7 +109,11 @@ class GuardedMatMulAddToGemm(MatMulAddToGemm):
     is [M,N] but ``Gemm`` would need C to fit [1,N]; and a rank-3 c makes Add's result rank 3.
     """
 
-    def check(self, context: Any, input_a: ir.Value, input_b: ir.Value, input_c: ir.Value, **_: Any) -> MatchResult:
+    # onnxscript hands a rule's matched values to check() as keywords named after the
+    # pattern's variables, so the signature names them rather than matching the base's.
+    def check(  # type: ignore[override]
+        self, context: Any, input_a: ir.Value, input_b: ir.Value, input_c: ir.Value, **_: Any
+    ) -> MatchResult:
         result = super().check(context, input_a, input_b)
         if not result:
             return result
@@ -165,10 +169,16 @@ class _ConvAffine(RewriteRuleClassBase):
         result = MatchResult()
         conv = conv_out.producer()
         assert conv is not None
-        weight = constant_array(conv.inputs[1])
+        weight_value = conv.inputs[1]
+        weight = constant_array(weight_value)
         bias = constant_array(conv.inputs[2]) if len(conv.inputs) > 2 and conv.inputs[2] is not None else None
         const = constant_array(c)
-        if weight is None or const is None or (len(conv.inputs) > 2 and conv.inputs[2] is not None and bias is None):
+        if (
+            weight_value is None
+            or weight is None
+            or const is None
+            or (len(conv.inputs) > 2 and conv.inputs[2] is not None and bias is None)
+        ):
             return result.fail("weights, bias or operand are not constants")
         if const.dtype != weight.dtype or weight.dtype.kind != "f":
             return result.fail("operand and weights differ in dtype")
@@ -182,7 +192,7 @@ class _ConvAffine(RewriteRuleClassBase):
         if (
             bias is None
             and self.op_type == "Add"
-            and f"{conv.inputs[1].name}_bias" in getattr(context.graph_or_function, "initializers", {})
+            and f"{weight_value.name}_bias" in getattr(context.graph_or_function, "initializers", {})
         ):
             return result.fail("the name for a new bias is taken")
         self._fused = self.fuse(weight, bias, vector)
@@ -197,7 +207,9 @@ class _ConvAffine(RewriteRuleClassBase):
         conv = conv_out.producer()
         assert conv is not None
         weight, bias = self._fused
-        w_name = conv.inputs[1].name
+        w_in = conv.inputs[1]
+        assert w_in is not None  # check() refused a Conv without constant weights
+        w_name = w_in.name
         inputs = [x, op.initializer(ir.tensor(weight), name=w_name)]
         if bias is not None:
             b_in = conv.inputs[2] if len(conv.inputs) > 2 else None

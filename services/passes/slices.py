@@ -99,8 +99,8 @@ def _merge(graph: ir.Graph, axis: int, pieces: list[tuple[int, int, ir.Node]], o
     graph.insert_before(first, split)
     for out, (_, _, node) in zip(split.outputs, pieces, strict=True):
         old = node.outputs[0]
-        name, old.name = old.name, None
-        out.name, out.type, out.shape = name, old.type, old.shape
+        piece_name, old.name = old.name, None
+        out.name, out.type, out.shape = piece_name, old.type, old.shape
         ir.convenience.replace_all_uses_with(old, out)
         graph.remove(node, safe=True)
     return True

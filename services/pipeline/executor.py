@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from services.artifacts import Artifact
-from services.errors import ConversionFailed, EngineUnavailable, KilnError
+from services.errors import ConversionFailed, EngineUnavailable, KilnError, StorageFull
 from services.formats import DetectedSource
 from services.graph.planner import PlanStep
 from services.graph.registry import load_entry
+from services.outages import storage_full
 from services.pipeline.context import StepContext
 from services.spec import CompileSpec
 from services.storage.base import ArtifactStore
@@ -137,9 +138,9 @@ def _run_step(
     cacheable = step.kind != "publish"
     key = step_cache_key(step, spec, {**input_keys, "source": source.sha256}, calibration_sha) if cacheable else None
     if key and use_cache and store.exists(key):
-        local = store.local_path(key) or store.fetch_dir(key, scratch / "cache-hit" / key.replace("/", "_"))
-        art = Artifact.load(local)
-        return StepOutcome(step.id, key, art, True, time.perf_counter() - started, art.meta)
+        hit_dir = store.local_path(key) or store.fetch_dir(key, scratch / "cache-hit" / key.replace("/", "_"))
+        hit = Artifact.load(hit_dir)
+        return StepOutcome(step.id, key, hit, True, time.perf_counter() - started, hit.meta)
 
     inputs: dict[str, Artifact] = {}
     for role, dep in step.inputs.items():
@@ -184,6 +185,8 @@ def _run_step(
         exc.details.setdefault("step", step.id)
         raise
     except Exception as exc:
+        if storage_full(exc):
+            raise StorageFull(f"step {step.id} ran out of disk space: {exc}", step=step.id) from exc
         tail = "".join(traceback.format_exception(exc))[-2000:]
         raise ConversionFailed(
             f"step {step.id} failed in {step.tool}: {type(exc).__name__}: {exc}",
@@ -207,7 +210,14 @@ def _run_step(
         return StepOutcome(step.id, None, art, False, seconds, art.meta)
     # The step's own output directory is scratch: a local store may take it over instead of
     # copying it. Anything else (a step handing back a directory it did not write) is copied.
-    store.put_dir(key, art.root, move=Path(art.root).resolve() == out_dir.resolve())
+    try:
+        store.put_dir(key, art.root, move=Path(art.root).resolve() == out_dir.resolve())
+    except OSError as exc:
+        if storage_full(exc):
+            raise StorageFull(
+                f"the artifact store has no space for the output of step {step.id}", step=step.id
+            ) from exc
+        raise
     stored = store.local_path(key)
     if stored is not None:
         art = Artifact.load(stored)

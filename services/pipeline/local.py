@@ -50,6 +50,15 @@ def default_model_name(path: Path) -> str:
     return name[:128]
 
 
+def _progress_to(emit: Callable[[Event], None], step_id: str) -> Callable[[str], None]:
+    """Return the progress callback of step ``step_id``: each message becomes a progress event."""
+
+    def progress(message: str) -> None:
+        emit({"type": "progress", "step": step_id, "message": message})
+
+    return progress
+
+
 def compile_model(
     model_path: Path,
     spec: CompileSpec,
@@ -91,7 +100,7 @@ def compile_model(
                     store=store,
                     scratch=scratch / "steps" / str(len(outcomes)),
                     repository=repository,
-                    on_progress=lambda m, s=step.id: emit({"type": "progress", "step": s, "message": m}),
+                    on_progress=_progress_to(emit, step.id),
                     calibration_path=calibration_path,
                     calibration_sha=calibration_sha,
                     use_cache=use_cache,

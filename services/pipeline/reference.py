@@ -35,6 +35,13 @@ def _pack(samples: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     return {f"{i}/{name}": arr for i, feed in enumerate(samples) for name, arr in feed.items()}
 
 
+def _save(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    # numpy's stub types savez's **kwds against its own `allow_pickle: bool` keyword, so a
+    # dict of arrays does not type-check; the call itself is what numpy documents.
+    savez: Any = np.savez
+    savez(path, **arrays)
+
+
 def _unpack(npz: dict[str, np.ndarray], n: int) -> list[dict[str, np.ndarray]]:
     out: list[dict[str, np.ndarray]] = [{} for _ in range(n)]
     for key, arr in npz.items():
@@ -82,9 +89,9 @@ def run_reference_step(ctx: StepContext) -> Artifact:
     outputs = [runner.run(feed) for feed in feeds]
     runner.close()
     out = ctx.out_dir
-    np.savez(out / "inputs.npz", **_pack(feeds))
-    np.savez(out / "outputs.npz", **_pack(outputs))
-    np.savez(out / "calibration.npz", **_pack(calib))
+    _save(out / "inputs.npz", _pack(feeds))
+    _save(out / "outputs.npz", _pack(outputs))
+    _save(out / "calibration.npz", _pack(calib))
     signature = {
         "inputs": [t.to_dict() for t in runner.inputs],
         "outputs": [t.to_dict() for t in runner.outputs],

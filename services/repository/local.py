@@ -52,8 +52,12 @@ class LocalModelRepository(ModelRepository):
         # Hidden temp dir in the same directory, so the final rename is atomic and servers
         # scanning for numeric version dirs never see it half-written.
         tmp = model_dir / f".tmp-{version}-{uuid.uuid4().hex}"
-        shutil.copytree(local_dir, tmp)
-        os.rename(tmp, model_dir / str(version))
+        try:
+            shutil.copytree(local_dir, tmp)
+            os.rename(tmp, model_dir / str(version))
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # e.g. the disk filled up mid-copy: keep no half version
+            raise
 
     def read_file(self, relpath: str) -> bytes | None:
         p = self.root / relpath
@@ -63,8 +67,12 @@ class LocalModelRepository(ModelRepository):
         p = self.root / relpath
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.parent / f".tmp-{p.name}-{uuid.uuid4().hex}"
-        tmp.write_bytes(data)
-        os.replace(tmp, p)
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, p)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
     def uri(self, relpath: str = "") -> str:
         return str(self.root / relpath) if relpath else str(self.root)

@@ -49,6 +49,8 @@ MANIFEST = "kiln-manifest.json"
 MODEL_META = "kiln-model.json"
 #: Repository-wide settings (the serving root), at the repository's top.
 REPOSITORY_META = "kiln-repository.json"
+#: How many (job id -> version) records a model's kiln-model.json keeps for rerun detection.
+PUBLISHED_BY_KEPT = 1000
 
 
 @dataclass
@@ -172,6 +174,29 @@ def triton_max_batch_size(
     return min(DEFAULT_MAX_BATCH_SIZE, limit) if limit else DEFAULT_MAX_BATCH_SIZE
 
 
+def _already_published(
+    repo: ModelRepository, model_dir: str, prior: dict[str, Any], versions: list[int], job_id: str | None
+) -> int | None:
+    """Return the version job ``job_id`` already published in ``model_dir``, or None.
+
+    A worker that dies after writing a version but before the job store records it makes
+    its step run again; that rerun must find the version, not publish a second one. The
+    model's record maps recent jobs to their versions; a version newer than the record's
+    ``latest`` was written by a publish that died before updating it, so its manifest is read.
+    """
+    if not job_id:
+        return None
+    recorded = prior.get("published_by", {}).get(job_id)
+    if recorded in versions:
+        return int(recorded)
+    for v in versions:
+        if v > int(prior.get("latest", 0)):
+            body = repo.read_file(f"{model_dir}/{v}/{MANIFEST}")
+            if body is not None and json.loads(body).get("job_id") == job_id:
+                return v
+    return None
+
+
 def publish_version(
     repo: ModelRepository,
     artifact: Artifact,
@@ -200,9 +225,11 @@ def publish_version(
     meta = artifact.meta
     target = meta["target"]
     serving: dict[str, Any] = meta.get("serving", {})
+    job_id = manifest.get("job_id")
     model_dir = f"{server_root(target, serving)}/{name}"
     with repo.lock():
         existing = find_model_dir(repo, name)
+        prior: dict[str, Any] = {}
         if existing is not None:
             prior = json.loads(repo.read_file(f"{existing}/{MODEL_META}") or b"{}")
             if prior.get("target") != target:
@@ -211,7 +238,8 @@ def publish_version(
                     name=name,
                 )
         versions = repo.versions(model_dir)
-        if reuse_identical:
+        done = _already_published(repo, model_dir, prior, versions, job_id)
+        if done is None and reuse_identical:
             candidates = versions if version is None else [v for v in versions if v == version]
             same = _identical_version(repo, model_dir, candidates, manifest)
             if same is not None:
@@ -227,7 +255,9 @@ def publish_version(
                     files=sorted([*files, MANIFEST]),
                     reused=True,
                 )
-        if version is None:
+        if done is not None:  # a rerun of this job's publish: finish what the first attempt began
+            version = done
+        elif version is None:
             version = (versions[-1] + 1) if versions else 1
         elif version in versions:
             raise RepositoryConflict(f"model {name!r} already has version {version}", name=name, version=version)
@@ -237,8 +267,18 @@ def publish_version(
             shutil.copytree(artifact.root, staged, ignore=shutil.ignore_patterns(DESCRIPTOR, ".kiln-complete"))
             (staged / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
             files = sorted(p.relative_to(staged).as_posix() for p in staged.rglob("*") if p.is_file())
-            repo.write_version(model_dir, version, staged)
-        model_meta = {"target": target, "format": meta.get("format"), "serving": serving, "latest": version}
+            if done is None:
+                repo.write_version(model_dir, version, staged)
+        published_by = {k: v for k, v in prior.get("published_by", {}).items() if k != job_id}
+        if job_id:
+            published_by[job_id] = version
+        model_meta = {
+            "target": target,
+            "format": meta.get("format"),
+            "serving": serving,
+            "latest": max(version, int(prior.get("latest", 0))) if done is not None else version,
+            "published_by": dict(list(published_by.items())[-PUBLISHED_BY_KEPT:]),
+        }
         repo.write_file(f"{model_dir}/{MODEL_META}", json.dumps(model_meta, indent=2).encode())
         triton = serving.get("triton")
         if triton:

@@ -152,7 +152,7 @@ class KerasRunner(ModelRunner):
     def __init__(self, path: Path, **_: Any) -> None:
         self.model = load_keras_model(path)
         self.inputs, self.outputs = keras_io(self.model)
-        self._serve, _ = keras_serving_function(self.model)
+        self._serve = keras_serving_function(self.model)[0]
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         result = self._serve(*(feeds[t.name] for t in self.inputs))

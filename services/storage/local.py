@@ -40,9 +40,13 @@ class LocalArtifactStore(ArtifactStore):
             return self.uri(key)
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.parent / f".tmp-{final.name}-{uuid.uuid4().hex}"
-        if not (move and _rename_tree(Path(local_dir), tmp)):
-            shutil.copytree(local_dir, tmp)
-        (tmp / _COMPLETE).touch()
+        try:
+            if not (move and _rename_tree(Path(local_dir), tmp)):
+                shutil.copytree(local_dir, tmp)
+            (tmp / _COMPLETE).touch()
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # a disk that filled up mid-copy keeps no half copy
+            raise
         try:
             os.rename(tmp, final)
         except OSError:

@@ -1,0 +1,57 @@
+"""Property-based requests from the OpenAPI document (schemathesis): no server error, and every
+status code, content type and body the API answers is the one its document declares.
+
+Examples are bounded (``max_examples`` per operation, derandomised) so the module stays a
+regular part of the suite; schemathesis and hypothesis are pinned in constraints.txt.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import schemathesis
+from hypothesis import HealthCheck, settings
+from jobs_support import redis_url
+from schemathesis import GenerationMode
+from schemathesis.checks import (
+    content_type_conformance,
+    not_a_server_error,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from api.app import create_app
+from services.settings import Settings
+from workers.app import create_celery_app
+
+MAX_EXAMPLES = 50
+
+
+def _app() -> object:
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="kiln-schemathesis-"))
+    s = Settings(
+        cache_dir=root / "cache",
+        repository=str(root / "repo"),
+        artifact_store=str(root / "store"),
+        broker_url=redis_url(14),
+    )
+    return create_app(s, create_celery_app(s))
+
+
+schema = schemathesis.openapi.from_asgi("/openapi.json", _app())
+# Valid requests and invalid ones (wrong types, out of range, missing fields) alike.
+schema.config.generation.update(modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
+CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
+
+
+@schema.parametrize()
+@settings(
+    max_examples=MAX_EXAMPLES,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+)
+def test_the_api_answers_only_what_its_openapi_document_declares(case: schemathesis.Case) -> None:
+    case.call_and_validate(checks=CHECKS)
