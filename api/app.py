@@ -18,6 +18,7 @@ from api.routes import compile as compile_routes
 from api.routes import jobs as job_routes
 from api.routes import plan as plan_routes
 from api.routes import service as service_routes
+from api.ui import install_dashboard
 from services.graph.registry import Registry, default_registry
 from services.jobs.backends import open_repository, open_store
 from services.jobs.db import database_url
@@ -68,8 +69,8 @@ def create_app(
         description=DESCRIPTION,
         lifespan=lifespan,
         openapi_url="/openapi.json" if open_docs else None,
-        docs_url="/docs" if open_docs else None,
-        redoc_url="/redoc" if open_docs else None,
+        docs_url=None,  # served from vendored files by api.ui.docs (offline)
+        redoc_url=None,
     )
     state = app.state
     state.settings = settings
@@ -86,6 +87,7 @@ def create_app(
     install_error_handlers(app)
     for module in (compile_routes, job_routes, plan_routes, service_routes):
         app.include_router(module.router)
+    install_dashboard(app, open_docs=open_docs)
     app.add_middleware(MetricsMiddleware, metrics=state.metrics)
     _complete_openapi(app)
     if not open_docs:

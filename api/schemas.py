@@ -24,6 +24,7 @@ __all__ = [
     "PlanRequest",
     "PlanStepPublic",
     "ReadyPublic",
+    "ResubmitRequest",
     "RepositoryPublic",
     "SourcePublic",
     "StepPublic",
@@ -32,6 +33,8 @@ __all__ = [
     "WorkerPublic",
 ]
 
+#: GET /jobs's sort orders: a column, `-` first for descending.
+JobSort = Literal["created_at", "-created_at", "finished_at", "-finished_at", "name", "-name", "status", "-status"]
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 StepStatus = Literal["pending", "queued", "running", "succeeded", "failed", "skipped", "cancelled"]
 
@@ -122,6 +125,16 @@ class JobsPublic(BaseModel):
 
     data: list[JobPublic]
     count: int
+
+
+class ResubmitRequest(BaseModel):
+    """POST /jobs/{id}/resubmit: an edited spec, or none for the job's own."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    spec: dict[str, Any] | None = Field(
+        default=None, description="A CompileSpec to use instead of the job's (validated like an upload's)."
+    )
 
 
 class PlanRequest(BaseModel):

@@ -74,6 +74,11 @@ class Job(Base):
     """One POST /compile: what was uploaded, the spec, the plan, and how it ended."""
 
     __tablename__ = "jobs"
+    # Filtered newest-first pages of the dashboard's job list (migration 0003).
+    __table_args__ = (
+        Index("ix_jobs_status_created_at", "status", "created_at"),
+        Index("ix_jobs_source_sha256_created_at", "source_sha256", "created_at"),
+    )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     status: Mapped[str] = mapped_column(String(16), index=True)  # queued|running|succeeded|failed|cancelled
