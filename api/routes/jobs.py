@@ -17,9 +17,9 @@ from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Res
 from starlette.background import BackgroundTask
 
 from api.deps import CeleryDep, JobStoreDep, ReadAuth, RegistryDep, SettingsDep, StoreDep, WriteAuth
-from api.submission import resubmit
 from api.polling import CachedBody, JobBodies, JobVersions
 from api.schemas import ErrorPublic, JobAccepted, JobPublic, JobSort, JobsPublic, JobStatus, ResubmitRequest
+from api.submission import resubmit
 from api.views import job_public
 from services.artifacts import DESCRIPTOR
 from services.errors import NotFound
@@ -42,15 +42,15 @@ def list_jobs(
     store: StoreDep,
     status: JobStatus | None = None,
     name: str | None = Query(None, description="Only jobs publishing this model name."),
-    target: TargetName | None = Query(None, description="Only jobs with this target."),
+    target: Annotated[TargetName | None, Query(description="Only jobs with this target.")] = None,
     engine: str | None = Query(None, description="Only jobs with a step on this engine."),
-    precision: Precision | None = Query(None, description="Only jobs at this precision."),
+    precision: Annotated[Precision | None, Query(description="Only jobs at this precision.")] = None,
     source_sha256: str | None = Query(
         None, pattern=r"^[0-9a-fA-F]{4,64}$", description="Only jobs of this source model (a prefix is enough)."
     ),
-    created_after: datetime | None = Query(None, description="Only jobs created at or after this time."),
-    created_before: datetime | None = Query(None, description="Only jobs created before this time."),
-    sort: JobSort = Query("-created_at", description="Order: a column, `-` first for descending."),
+    created_after: Annotated[datetime | None, Query(description="Only jobs created at or after this time.")] = None,
+    created_before: Annotated[datetime | None, Query(description="Only jobs created before this time.")] = None,
+    sort: Annotated[JobSort, Query(description="Order: a column, `-` first for descending.")] = "-created_at",
     limit: int = Query(50, ge=1, le=500),
     offset: int = Query(0, ge=0),
 ) -> JobsPublic:

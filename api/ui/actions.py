@@ -123,7 +123,15 @@ async def resubmit_post(request: Request, job_id: str) -> Response:
             except json.JSONDecodeError as exc:
                 raise InvalidSpec(f"the spec is not JSON: {exc}", hint="Fix the JSON and resubmit.") from exc
         new_id = await run_in_threadpool(
-            resubmit, state.jobs, state.store, state.registry, state.celery, job_id, spec, owner=who.name, use_cache=True
+            resubmit,
+            state.jobs,
+            state.store,
+            state.registry,
+            state.celery,
+            job_id,
+            spec,
+            owner=who.name,
+            use_cache=True,
         )
     except KilnError as exc:
         try:

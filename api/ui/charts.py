@@ -67,7 +67,16 @@ def benchmark_chart(rows: list[dict[str, Any]], title: str) -> BarChart:
         for j, series in enumerate(("p50", "p99")):
             v = float(r.get(f"{series}_ms", 0))
             h = plot_h * v / top
-            bars.append(Bar(x0 + j * bar_w, TOP + plot_h - h, bar_w - 2, h, series, f"batch {r['batch_size']} {series} {v:.3f} ms"))
+            bars.append(
+                Bar(
+                    x0 + j * bar_w,
+                    TOP + plot_h - h,
+                    bar_w - 2,
+                    h,
+                    series,
+                    f"batch {r['batch_size']} {series} {v:.3f} ms",
+                )
+            )
         xticks.append(Tick(LEFT + i * group + group / 2, f"batch {r['batch_size']}"))
     yticks = [Tick(TOP + plot_h * (1 - k / 4), f"{top * k / 4:g}") for k in range(5)]
     return BarChart(WIDTH, HEIGHT, bars, xticks, yticks, title)
@@ -99,11 +108,16 @@ def _nines(v: float) -> float:
     return -math.log10(max(1.0 - v, 1e-7))
 
 
-def scatter_chart(points: list[ComparePoint], xlabel: str, ylabel: str, title: str) -> Scatter:
-    """Return latency (x, linear from 0) against accuracy (y, in nines: 0.9, 0.99, ...)."""
+def scatter_chart(
+    points: list[ComparePoint], required: float | None, xlabel: str, ylabel: str, title: str
+) -> Scatter:
+    """Return latency (x, linear from 0) against accuracy (y, in nines: 0.9, 0.99, ...).
+
+    The tolerance line is at ``required``; points below it are greyed (they do not pass).
+    """
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     xmax = _nice_max(max((p.latency_ms for p in points), default=1.0) * 1.1)
-    ys = [_nines(p.accuracy) for p in points] + [_nines(p.bound) for p in points if p.bound is not None]
+    ys = [_nines(p.accuracy) for p in points] + ([_nines(required)] if required is not None else [])
     ylo = math.floor(min(ys, default=0.0))
     yhi = max(math.ceil(max(ys, default=1.0)), ylo + 1)
 
@@ -116,7 +130,9 @@ def scatter_chart(points: list[ComparePoint], xlabel: str, ylabel: str, title: s
     placed = [ScatterPoint(round(sx(p.latency_ms), 1), round(sy(p.accuracy), 1), p) for p in points]
     front = sorted((s for s in placed if s.point.on_front), key=lambda s: s.cx)
     path = " ".join(f"{'M' if i == 0 else 'L'}{s.cx},{s.cy}" for i, s in enumerate(front))
-    bounds = sorted({(round(sy(p.bound), 1), f"min {p.bound:g} ({p.precision})") for p in points if p.bound is not None})
+    bounds = sorted(
+        {(round(sy(p.bound), 1), f"min {p.bound:g} ({p.precision})") for p in points if p.bound is not None}
+    )
     xticks = [Tick(sx(xmax * k / 4), f"{xmax * k / 4:g}") for k in range(5)]
-    yticks = [Tick(TOP + plot_h * (1 - (n - ylo) / (yhi - ylo)), f"{1 - 10 ** -n:g}") for n in range(ylo, yhi + 1)]
+    yticks = [Tick(TOP + plot_h * (1 - (n - ylo) / (yhi - ylo)), f"{1 - 10**-n:g}") for n in range(ylo, yhi + 1)]
     return Scatter(WIDTH, HEIGHT, placed, path, bounds, xticks, yticks, xlabel, ylabel, title)

@@ -265,15 +265,31 @@ def _compare_context(request: Request) -> dict[str, Any]:
     batch = int(q["batch"]) if q.get("batch", "").isdigit() else 1
     ids = [i for i in q.get("jobs", "").split(",") if i][:20]
     diff = q.get("diff") == "1"
-    ctx: dict[str, Any] = {"sha": sha, "latency": latency, "accuracy": accuracy, "batch": batch, "diff": diff}
+    ctx: dict[str, Any] = {
+        "sha": sha,
+        "latency": latency,
+        "accuracy": accuracy,
+        "batch": batch,
+        "diff": diff,
+        "required": None,
+        "bounds": [],
+        "points": [],
+    }
     jobs: list[JobPublic] = []
     if sha and all(c in "0123456789abcdef" for c in sha):
         rows, _ = state.jobs.list_jobs(filters=JobFilter(source_sha256=sha), limit=200)
         jobs = [job_public(j, state.store) for j in rows]
-        points = compare_points(jobs, batch, latency, accuracy)
-        ctx["points"] = points
+        # The tolerance line: a required accuracy the viewer picks among the precisions'
+        # bounds (default: the loosest, so only points failing every bound are greyed).
+        bounds = sorted({p.bound for p in compare_points(jobs, batch, latency, accuracy) if p.bound is not None})
+        required = _float_in(q.get("min"), 0.0, 1.0)
+        if required is None and bounds:
+            required = bounds[0]
+        points = compare_points(jobs, batch, latency, accuracy, required)
+        ctx.update(points=points, bounds=bounds, required=required)
         ctx["chart"] = scatter_chart(
             points,
+            required,
             f"{latency} latency at batch {batch} (ms)",
             "worst cosine" if accuracy == "cosine" else "worst top-1 agreement",
             f"Latency vs accuracy of source {sha[:12]}",
@@ -297,6 +313,14 @@ def _compare_context(request: Request) -> dict[str, Any]:
             seen.setdefault(j.source_sha256, j)
         ctx["sources"] = list(seen.values())
     return ctx
+
+
+def _float_in(text: str | None, lo: float, hi: float) -> float | None:
+    try:
+        value = float(text or "")
+    except ValueError:
+        return None
+    return value if lo <= value <= hi else None
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:

@@ -13,8 +13,8 @@ from typing import Any
 from api.schemas import JobPublic, StepPublic, TargetPublic
 
 __all__ = [
-    "STEP_COLUMNS",
     "STATUS_ICONS",
+    "STEP_COLUMNS",
     "ComparePoint",
     "GridRow",
     "OutputHeadroom",
@@ -123,11 +123,15 @@ class ComparePoint:
         self.label = f"{self.target} {self.precision}"
 
 
-def compare_points(jobs: list[JobPublic], batch: int, latency: str, accuracy: str) -> list[ComparePoint]:
-    """Return one point per job x target with a benchmark at ``batch`` and a parity report.
+def compare_points(
+    jobs: list[JobPublic], batch: int, latency: str, accuracy: str, required: float | None = None
+) -> list[ComparePoint]:
+    """Return one point per engine x precision with a benchmark at ``batch`` and a parity report.
 
-    ``latency`` is p50 or p99; ``accuracy`` is cosine (worst output) or top1 (worst output).
-    The newest job wins when several built the same engine x precision.
+    ``latency`` is p50 or p99; ``accuracy`` is cosine or top1, of the worst output. A point
+    passes when its own parity check passed and its accuracy reaches ``required`` (the
+    tolerance line the viewer picked). The newest job wins when several built the same
+    engine x precision.
     """
     seen: set[tuple[str, str]] = set()
     points = []
@@ -145,15 +149,16 @@ def compare_points(jobs: list[JobPublic], batch: int, latency: str, accuracy: st
             tol = target.parity.get("tolerances") or {}
             pub = target.published or {}
             link = f"/ui/repository/{pub['name']}/{pub['version']}" if pub.get("name") else f"/ui/jobs/{job.id}"
+            worst = float(min(values))
             points.append(
                 ComparePoint(
                     job_id=job.id,
                     target=target.target,
                     precision=precision,
                     latency_ms=float(row[f"{latency}_ms"]),
-                    accuracy=float(min(values)),
+                    accuracy=worst,
                     bound=tol.get("min_cosine" if accuracy == "cosine" else "min_top1"),
-                    passed=bool(target.parity.get("passed")),
+                    passed=bool(target.parity.get("passed")) and (required is None or worst >= required),
                     link=link,
                 )
             )
