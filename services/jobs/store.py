@@ -22,9 +22,9 @@ after it is recorded, so each process reads them once per job and keeps them.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import secrets
-import dataclasses
 import threading
 import uuid
 from collections import OrderedDict
