@@ -108,9 +108,7 @@ def _nines(v: float) -> float:
     return -math.log10(max(1.0 - v, 1e-7))
 
 
-def scatter_chart(
-    points: list[ComparePoint], required: float | None, xlabel: str, ylabel: str, title: str
-) -> Scatter:
+def scatter_chart(points: list[ComparePoint], required: float | None, xlabel: str, ylabel: str, title: str) -> Scatter:
     """Return latency (x, linear from 0) against accuracy (y, in nines: 0.9, 0.99, ...).
 
     The tolerance line is at ``required``; points below it are greyed (they do not pass).
@@ -130,9 +128,7 @@ def scatter_chart(
     placed = [ScatterPoint(round(sx(p.latency_ms), 1), round(sy(p.accuracy), 1), p) for p in points]
     front = sorted((s for s in placed if s.point.on_front), key=lambda s: s.cx)
     path = " ".join(f"{'M' if i == 0 else 'L'}{s.cx},{s.cy}" for i, s in enumerate(front))
-    bounds = sorted(
-        {(round(sy(p.bound), 1), f"min {p.bound:g} ({p.precision})") for p in points if p.bound is not None}
-    )
+    bounds = [(round(sy(required), 1), f"required ≥ {required:g}")] if required is not None else []
     xticks = [Tick(sx(xmax * k / 4), f"{xmax * k / 4:g}") for k in range(5)]
     yticks = [Tick(TOP + plot_h * (1 - (n - ylo) / (yhi - ylo)), f"{1 - 10**-n:g}") for n in range(ylo, yhi + 1)]
     return Scatter(WIDTH, HEIGHT, placed, path, bounds, xticks, yticks, xlabel, ylabel, title)

@@ -70,9 +70,11 @@ def base_context(request: Request, who: Principal) -> dict[str, Any]:
     }
 
 
-def render(request: Request, name: str, who: Principal, status_code: int = 200, **context: Any) -> Response:
-    """Render a template with the base context and ``context``."""
-    return templates.TemplateResponse(request, name, {**base_context(request, who), **context}, status_code=status_code)
+def render(request: Request, template: str, who: Principal, /, status_code: int = 200, **context: Any) -> Response:
+    """Render ``template`` with the base context and ``context`` (which may use any key, e.g. "name")."""
+    return templates.TemplateResponse(
+        request, template, {**base_context(request, who), **context}, status_code=status_code
+    )
 
 
 def error_page(request: Request, who: Principal, exc: KilnError) -> Response:
