@@ -417,3 +417,29 @@ def test_auth_login_session_cookie_and_read_scope(
         assert any(s["cached"] for s in job["steps"])  # the cache makes a resubmission quick
     finally:
         context.close()
+
+
+def test_a_step_without_a_worker_says_why_it_waits(service: Service, page: Any, cnn_onnx: Path) -> None:
+    from playwright.sync_api import expect
+
+    # The submit form's plan preview warns before anything is uploaded ...
+    page.goto(f"{service.base}/ui/submit")
+    page.set_input_files("#model", str(cnn_onnx))
+    page.get_by_role("checkbox", name="tensorrt", exact=True).check()
+    expect(page.get_by_test_id("no-worker-warning")).to_contain_text("tensorrt-cu13")
+
+    # ... and a job that needs that engine shows, on the queued step, why it waits.
+    r = submit(service.base, cnn_onnx, {"targets": ["tensorrt"], "name": "no-gpu", **FAST})
+    assert r.status_code == 202, r.text
+    job_id = r.json()["id"]
+    try:
+        page.goto(f"{service.base}/ui/jobs/{job_id}")
+        export = page.locator("tr[data-target=tensorrt] td[data-kind=export] .cell")
+        expect(export).to_have_attribute("data-status", "queued", timeout=WAIT_MS)
+        expect(export.locator(".waiting")).to_contain_text("no live worker serves tensorrt-cu13")
+        page.goto(f"{service.base}/ui/engines")
+        row = page.locator("tr[data-engine=tensorrt-cu13]")
+        expect(row.locator(".waiting")).to_contain_text("no live worker")
+        expect(row.locator("td").nth(2)).to_contain_text("1")
+    finally:
+        httpx.delete(f"{service.base}/jobs/{job_id}")

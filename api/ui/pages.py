@@ -230,8 +230,9 @@ def _spec_fields() -> dict[str, Any]:
 
     def resolve(node: Any) -> Any:
         if isinstance(node, dict):
-            if "$ref" in node:
-                return resolve(defs[node["$ref"].split("/")[-1]])
+            if "$ref" in node:  # keep the property's own keys (default, description) over the definition's
+                own = {k: v for k, v in node.items() if k != "$ref"}
+                return {**resolve(defs[node["$ref"].split("/")[-1]]), **resolve(own)}
             return {k: resolve(v) for k, v in node.items()}
         if isinstance(node, list):
             return [resolve(v) for v in node]

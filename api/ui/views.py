@@ -78,6 +78,7 @@ class OutputHeadroom:
 
 
 def _used(error: float, allowed: float) -> float:
+    error = max(error, 0.0)  # 1 - cosine can be a rounding hair below zero
     if allowed <= 0:
         return 0.0 if error <= 0 else math.inf
     return error / allowed
