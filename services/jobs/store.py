@@ -182,7 +182,11 @@ class JobFilter:
         if self.precision:
             where.append(Job.spec["precision"].as_string() == self.precision)
         if self.source_sha256:
-            where.append(Job.source_sha256.startswith(self.source_sha256.lower(), autoescape=True))
+            sha = self.source_sha256.lower()
+            # A whole hash is an equality the (source_sha256, created_at) index serves in order.
+            where.append(
+                Job.source_sha256 == sha if len(sha) == 64 else Job.source_sha256.startswith(sha, autoescape=True)
+            )
         if self.created_after:
             where.append(Job.created_at >= self.created_after)
         if self.created_before:
