@@ -118,6 +118,7 @@ def insert_jobs(url: str, n: int, targets_of: Any, final: bool = True) -> list[s
                 "status": status,
                 "name": f"model-{i % 400}",
                 "spec": spec.model_dump(mode="json"),
+                "precision": precision,
                 "plan": plan,
                 "source_key": f"sources/{_sha(i % 900)}",
                 "source_sha256": _sha(i % 900),
@@ -209,12 +210,22 @@ def bench_job_page(base: str, job_id: str, rounds: int = 10, per_round: int = 20
 LIST_QUERIES = [
     ("first page (newest 25)", "/ui/"),
     ("status=failed", "/ui/?status=failed"),
-    ("precision=int8 & target=tflite", "/ui/?precision=int8&target=tflite"),
+    ("precision=int8", "/ui/?precision=int8"),
+    ("target=tflite", "/ui/?target=tflite"),
+    ("engine=openvino & precision=int8", "/ui/?engine=openvino&precision=int8"),
     ("source sha256 prefix (12 hex)", "/ui/?sha=" + _sha(17)[:12]),
     ("source sha256 (whole, as the compare view asks)", "/ui/?sha=" + _sha(17)),
     ("sort=name, page 200", "/ui/?sort=name&page=200"),
     ("JSON GET /jobs?limit=25", "/jobs?limit=25"),
 ]
+
+
+#: Migration 0003's indexes for the list's filters.
+LIST_INDEXES = {
+    "ix_jobs_precision": "jobs (precision)",
+    "ix_job_steps_target_job_id": "job_steps (target, job_id)",
+    "ix_job_steps_engine_job_id": "job_steps (engine, job_id)",
+}
 
 
 def _set_indexes(url: str, present: bool) -> None:
@@ -223,15 +234,12 @@ def _set_indexes(url: str, present: bool) -> None:
     from services.jobs.db import get_engine
 
     with get_engine(url).begin() as conn:
-        if present:
-            conn.execute(text("CREATE INDEX IF NOT EXISTS ix_jobs_status_created_at ON jobs (status, created_at)"))
+        for name, on in LIST_INDEXES.items():
             conn.execute(
-                text("CREATE INDEX IF NOT EXISTS ix_jobs_source_sha256_created_at ON jobs (source_sha256, created_at)")
+                text(f"CREATE INDEX IF NOT EXISTS {name} ON {on}" if present else f"DROP INDEX IF EXISTS {name}")
             )
-        else:
-            conn.execute(text("DROP INDEX IF EXISTS ix_jobs_status_created_at"))
-            conn.execute(text("DROP INDEX IF EXISTS ix_jobs_source_sha256_created_at"))
         conn.execute(text("ANALYZE jobs"))
+        conn.execute(text("ANALYZE job_steps"))
 
 
 def bench_list(base: str, url: str, n_jobs: int, rounds: int = 4, per_round: int = 10) -> list[str]:

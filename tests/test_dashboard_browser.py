@@ -428,11 +428,16 @@ def test_a_step_without_a_worker_says_why_it_waits(service: Service, page: Any, 
     page.get_by_role("checkbox", name="tensorrt", exact=True).check()
     expect(page.get_by_test_id("no-worker-warning")).to_contain_text("tensorrt-cu13")
 
-    # ... and a job that needs that engine shows, on the queued step, why it waits.
+    # ... the jobs list, left open, shows the new job without a reload ...
+    page.goto(f"{service.base}/ui/")
+    page.evaluate("window.__kilnMarker = 'same page'")
     r = submit(service.base, cnn_onnx, {"targets": ["tensorrt"], "name": "no-gpu", **FAST})
     assert r.status_code == 202, r.text
     job_id = r.json()["id"]
     try:
+        expect(page.locator(f"tr[data-job-id='{job_id}']")).to_contain_text("no-gpu", timeout=30_000)
+        assert page.evaluate("window.__kilnMarker") == "same page"
+        # ... and the job, which needs that engine, shows on its queued step why it waits.
         page.goto(f"{service.base}/ui/jobs/{job_id}")
         export = page.locator("tr[data-target=tensorrt] td[data-kind=export] .cell")
         expect(export).to_have_attribute("data-status", "queued", timeout=WAIT_MS)

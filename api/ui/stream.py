@@ -8,16 +8,16 @@ EventSource on it (`sse-close`), so the browser does not reconnect.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response, StreamingResponse
 
-from api.routes.jobs import SSE_KEEPALIVE, SSE_POLL
+from api.routes.jobs import SSE_KEEPALIVE
 from api.ui.pages import job_context
 from api.ui.session import base_context, error_page, templates, viewer
+from api.ui.watch import job_watch
 from services.errors import KilnError
 
 __all__ = ["router"]
@@ -31,22 +31,25 @@ def _event(name: str, event_id: int, html: str) -> str:
 
 
 async def _html_stream(request: Request, who: Any, job_id: str, after: int) -> Any:
-    versions = request.app.state.job_versions
+    # No is_disconnected() polling: StreamingResponse ends this generator when the client goes.
+    watch = job_watch(request.app.state)
     template = templates.get_template("_job_live.html")
     shown = after
     still_open = False  # the newest render showed steps still being stopped after the job ended
-    idle = 0.0
     yield "retry: 2000\n\n"
     while True:
-        seen = await versions.get(job_id)
+        try:
+            seen = await watch.wait(job_id, shown, SSE_KEEPALIVE)
+        except TimeoutError:
+            yield ": keep-alive\n\n"
+            continue
         if seen is None:
-            return
+            return  # the job was deleted
         if seen.version > shown:
             ctx = await run_in_threadpool(job_context, request, job_id)
             html = template.render({**base_context(request, who), **ctx})
             shown = seen.version
             yield _event("update", shown, html)
-            idle = 0.0
             still_open = not ctx["final"]
             if ctx["final"]:
                 yield _event("finished", shown, "")
@@ -56,13 +59,6 @@ async def _html_stream(request: Request, who: Any, job_id: str, after: int) -> A
         if seen.status in ("succeeded", "failed", "cancelled") and not still_open:
             yield _event("finished", shown, "")
             return
-        if await request.is_disconnected():
-            return
-        await asyncio.sleep(SSE_POLL * 4 - asyncio.get_running_loop().time() % (SSE_POLL * 4))
-        idle += SSE_POLL * 4
-        if idle >= SSE_KEEPALIVE:
-            idle = 0.0
-            yield ": keep-alive\n\n"
 
 
 @router.get("/jobs/{job_id}/stream")

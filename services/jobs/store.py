@@ -180,7 +180,7 @@ class JobFilter:
         if self.name:
             where.append(Job.name == self.name)
         if self.precision:
-            where.append(Job.spec["precision"].as_string() == self.precision)
+            where.append(Job.precision == self.precision)
         if self.source_sha256:
             sha = self.source_sha256.lower()
             # A whole hash is an equality the (source_sha256, created_at) index serves in order.
@@ -322,6 +322,7 @@ class JobStore:
             status="queued",
             name=new.name,
             spec=new.spec,
+            precision=str(new.spec.get("precision", "fp32")),
             plan=plan,
             source_key=new.source_key,
             source_sha256=new.source_sha256,

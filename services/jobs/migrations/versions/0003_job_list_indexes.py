@@ -1,7 +1,8 @@
-"""Index jobs by (status, created_at) and (source_sha256, created_at): the dashboard's filtered lists.
+"""The dashboard's job list filters: jobs.precision as a column, job steps by target and engine.
 
-A filtered, newest-first page reads the index in order and stops after one page instead of
-sorting every matching row (10,000 jobs: docs/benchmarks.md).
+Filtering on the precision inside the spec JSON parses every job's spec; a column with an
+index does not. "Jobs with a step for this target (on this engine)" reads the new step
+indexes instead of every job's steps (10,000 jobs: docs/benchmarks.md, "Web dashboard").
 
 Revision ID: 0003
 Revises: 0002
@@ -10,6 +11,7 @@ Create Date: 2026-12-01
 
 from __future__ import annotations
 
+import sqlalchemy as sa
 from alembic import op
 
 revision = "0003"
@@ -20,11 +22,21 @@ depends_on = None
 
 def upgrade() -> None:
     with op.batch_alter_table("jobs") as batch:
-        batch.create_index("ix_jobs_status_created_at", ["status", "created_at"])
-        batch.create_index("ix_jobs_source_sha256_created_at", ["source_sha256", "created_at"])
+        batch.add_column(sa.Column("precision", sa.String(length=8), nullable=True))
+        batch.create_index("ix_jobs_precision", ["precision"])
+    if op.get_bind().dialect.name == "postgresql":
+        op.execute("UPDATE jobs SET precision = coalesce(spec->>'precision', 'fp32')")
+    else:
+        op.execute("UPDATE jobs SET precision = coalesce(json_extract(spec, '$.precision'), 'fp32')")
+    with op.batch_alter_table("job_steps") as batch:
+        batch.create_index("ix_job_steps_target_job_id", ["target", "job_id"])
+        batch.create_index("ix_job_steps_engine_job_id", ["engine", "job_id"])
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("job_steps") as batch:
+        batch.drop_index("ix_job_steps_engine_job_id")
+        batch.drop_index("ix_job_steps_target_job_id")
     with op.batch_alter_table("jobs") as batch:
-        batch.drop_index("ix_jobs_source_sha256_created_at")
-        batch.drop_index("ix_jobs_status_created_at")
+        batch.drop_index("ix_jobs_precision")
+        batch.drop_column("precision")
