@@ -87,6 +87,7 @@ class ScatterPoint:
     cx: float
     cy: float
     point: ComparePoint
+    label_dy: float = -6.0  # label above the point; every other one below, so neighbours do not overlap
 
 
 @dataclass
@@ -126,6 +127,8 @@ def scatter_chart(points: list[ComparePoint], required: float | None, xlabel: st
         return TOP + plot_h * (1 - (_nines(v) - ylo) / (yhi - ylo))
 
     placed = [ScatterPoint(round(sx(p.latency_ms), 1), round(sy(p.accuracy), 1), p) for p in points]
+    for i, s in enumerate(sorted(placed, key=lambda s: (s.cy, s.cx))):
+        s.label_dy = -6.0 if i % 2 == 0 else 16.0
     front = sorted((s for s in placed if s.point.on_front), key=lambda s: s.cx)
     path = " ".join(f"{'M' if i == 0 else 'L'}{s.cx},{s.cy}" for i, s in enumerate(front))
     bounds = [(round(sy(required), 1), f"required ≥ {required:g}")] if required is not None else []

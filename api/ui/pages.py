@@ -261,8 +261,10 @@ def _compare_context(request: Request) -> dict[str, Any]:
     q = request.query_params
     state = request.app.state
     sha = q.get("sha", "").strip().lower()
-    latency = q.get("latency") if q.get("latency") in ("p50", "p99") else "p50"
-    accuracy = q.get("accuracy") if q.get("accuracy") in ("cosine", "top1") else "cosine"
+    latency = q.get("latency", "p50")
+    latency = latency if latency in ("p50", "p99") else "p50"
+    accuracy = q.get("accuracy", "cosine")
+    accuracy = accuracy if accuracy in ("cosine", "top1") else "cosine"
     batch = int(q["batch"]) if q.get("batch", "").isdigit() else 1
     ids = [i for i in q.get("jobs", "").split(",") if i][:20]
     diff = q.get("diff") == "1"
