@@ -96,10 +96,12 @@ def insert_jobs(url: str, n: int, targets_of: Any, final: bool = True) -> list[s
     from services.spec import load_spec
 
     store = JobStore(url)
-    plans: dict[tuple[str, ...], Any] = {}
+    plans: dict[tuple[tuple[str, ...], str], Any] = {}
     ids = []
     now = datetime.now(UTC)
-    jobs, steps, events = [], [], []
+    jobs: list[dict[str, Any]] = []
+    steps: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
     statuses = ("succeeded", "succeeded", "succeeded", "failed", "cancelled")
     for i in range(n):
         targets = tuple(targets_of(i))
