@@ -144,7 +144,9 @@ def test_submit_by_keyboard_goes_live_queued_running_succeeded(service: Service,
     preview = page.get_by_test_id("plan-preview")
     expect(preview).to_contain_text("onnxruntime: onnx → optimize ⇒ onnxruntime")
     _tab_to(page, "#advanced")
-    page.keyboard.type(json.dumps({"name": "tiny-fp32", **FAST}))
+    # A longer benchmark than the other jobs', so `running` lasts long enough to be seen.
+    spec = {"name": "tiny-fp32", **FAST, "benchmark": {"batch_sizes": [1, 2], "iterations": 1000, "warmup": 1}}
+    page.keyboard.type(json.dumps(spec))
     _tab_to(page, "#submit-button")
     screenshot(page, "submit")
     page.keyboard.press("Enter")
@@ -311,6 +313,9 @@ def test_pages_deep_links_and_dark_mode(service: Service, browser: Any) -> None:
         screenshot(page, "engines")
         page.goto(f"{service.base}/ui/repository")
         expect(page.get_by_role("heading", name=re.compile("^tiny-fp32"))).to_be_visible()
+        expect(page.locator("section", has=page.get_by_role("heading", name=re.compile("^tiny-fp32")))).to_contain_text(
+            re.compile(r"[\d,]+ bytes")
+        )
         screenshot(page, "repository")
         # Offline API docs: Swagger UI renders from the vendored bundle.
         page.goto(f"{service.base}/docs")

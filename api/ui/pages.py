@@ -404,13 +404,29 @@ async def engines_page(request: Request) -> Response:
     return render(request, template, who, nav="engines", **ctx)
 
 
+def version_size(repo: Any, name: str, version: int) -> int | None:
+    """Return the bytes of a published version in a local repository (None elsewhere: S3 is not walked)."""
+    from services.repository.local import LocalModelRepository
+
+    if not isinstance(repo, LocalModelRepository):
+        return None
+    return sum(p.stat().st_size for p in (repo.root / name / str(version)).rglob("*") if p.is_file())
+
+
+def _repository_context(request: Request) -> dict[str, Any]:
+    repo = request.app.state.repository
+    listing = repository_listing(ANONYMOUS, repo)
+    sizes = {(m.name, v.version): version_size(repo, m.name, v.version) for m in listing.models for v in m.versions}
+    return {"listing": listing, "sizes": sizes}
+
+
 @router.get("/repository")
 async def repository_page(request: Request) -> Response:
     who = await viewer(request)
     if isinstance(who, Response):
         return who
-    listing = await run_in_threadpool(repository_listing, ANONYMOUS, request.app.state.repository)
-    return render(request, "repository.html", who, nav="repository", listing=listing)
+    ctx = await run_in_threadpool(_repository_context, request)
+    return render(request, "repository.html", who, nav="repository", **ctx)
 
 
 def _version_context(request: Request, name: str, version: int) -> dict[str, Any]:
@@ -427,6 +443,7 @@ def _version_context(request: Request, name: str, version: int) -> dict[str, Any
         "manifest": manifest,
         "manifest_json": json.dumps(manifest, indent=2, default=str),
         "config": config.decode(errors="replace") if config else None,
+        "size": version_size(repo, name, version),
     }
 
 
