@@ -365,6 +365,7 @@ def test_auth_login_session_cookie_and_read_scope(
         # No token: a deep link lands on the login page, and comes back after it.
         page.goto(f"{base}/ui/jobs/{job_id}")
         expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+        expect(page.get_by_role("link", name="Submit")).to_have_count(0)
         screenshot(page, "login")
         page.get_by_label("API token").fill("not-a-token")
         page.get_by_role("button", name="Sign in").click()

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import RedirectResponse, Response
 
-from api.auth import SESSION_COOKIE, authenticate
+from api.auth import SESSION_COOKIE, Principal, authenticate
 from api.submission import resubmit
 from api.ui.pages import load_job
 from api.ui.session import check_csrf, error_page, render, viewer
@@ -31,17 +31,17 @@ def _safe_next(target: str | None) -> str:
     return "/ui/"
 
 
+#: Who is looking at the login page: nobody yet, so the page offers no actions.
+NOBODY = Principal(name=None, scopes=frozenset())
+
+
 @router.get("/login")
 async def login_page(request: Request) -> Response:
-    from api.auth import ANONYMOUS
-
-    return render(request, "login.html", ANONYMOUS, next=_safe_next(request.query_params.get("next")), failed=False)
+    return render(request, "login.html", NOBODY, next=_safe_next(request.query_params.get("next")), failed=False)
 
 
 @router.post("/login")
 async def login(request: Request) -> Response:
-    from api.auth import ANONYMOUS
-
     form = await request.form()
     token = str(form.get("token", "")).strip()
     target = _safe_next(str(form.get("next", "")))
@@ -50,7 +50,7 @@ async def login(request: Request) -> Response:
     try:
         await authenticate(request.app.state, token, "read")
     except Unauthorized:
-        return render(request, "login.html", ANONYMOUS, status_code=401, next=target, failed=True)
+        return render(request, "login.html", NOBODY, status_code=401, next=target, failed=True)
     response = RedirectResponse(target, status_code=303)
     response.set_cookie(
         SESSION_COOKIE,
