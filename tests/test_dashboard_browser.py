@@ -30,6 +30,7 @@ FAST = {"benchmark": {"batch_sizes": [1, 2], "iterations": 5, "warmup": 1}, "val
 # Records every job status the page shows, to prove the page changed live (no reload).
 RECORD_STATUSES = """
 window.__kilnStatuses = [];
+document.addEventListener("htmx:sseClose", () => { window.__kilnStreamClosed = true; });
 document.addEventListener("DOMContentLoaded", () => {
   const record = () => {
     const el = document.querySelector("[data-testid=job-status]");
@@ -172,6 +173,7 @@ def test_submit_by_keyboard_goes_live_queued_running_succeeded(service: Service,
     seen = page.evaluate("window.__kilnStatuses")
     assert seen[0] == "queued" and "running" in seen and seen[-1] == "succeeded", seen
     assert seen.index("running") < seen.index("succeeded")
+    page.wait_for_function("window.__kilnStreamClosed === true")  # closed on `finished`: no reconnects
     row = page.locator("tr[data-target=onnxruntime]")
     for kind in ("reference", "optimize", "export", "publish"):
         assert row.locator(f"td[data-kind={kind}] .cell").get_attribute("data-status") == "succeeded"
