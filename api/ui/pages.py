@@ -1,8 +1,7 @@
-"""The dashboard's pages (GET): jobs, a job, its log, submit, compare, engines, repository."""
+"""The dashboard's job pages (GET): the jobs list, a job, its log, and the submit form."""
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
@@ -11,19 +10,15 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import RedirectResponse, Response
 
-from api.auth import ANONYMOUS
 from api.routes.jobs import job_log_lines
-from api.routes.service import readiness_checks
-from api.routes.service import repository as repository_listing
 from api.schemas import JobPublic
-from api.ui.charts import benchmark_chart, scatter_chart
+from api.ui.charts import benchmark_chart
 from api.ui.session import error_page, render, viewer
-from api.ui.views import compare_points, job_grid, output_headroom, waiting_reason
+from api.ui.views import job_grid, output_headroom, waiting_reason
 from api.views import job_public
 from services.errors import KilnError, NotFound
-from services.graph.engines import ENGINES, queue_name
+from services.graph.engines import ENGINES
 from services.jobs.store import JobFilter
-from services.repository.publish import MANIFEST
 from services.spec import CompileSpec, Precision, TargetName
 
 __all__ = ["router"]
@@ -255,210 +250,6 @@ async def submit_page(request: Request) -> Response:
     if not who.allows("write"):
         return error_page(request, who, NotFound("submitting needs a token with the write scope"))
     return render(request, "submit.html", who, nav="submit", schema=_spec_fields())
-
-
-def _compare_context(request: Request) -> dict[str, Any]:
-    q = request.query_params
-    state = request.app.state
-    sha = q.get("sha", "").strip().lower()
-    latency = q.get("latency", "p50")
-    latency = latency if latency in ("p50", "p99") else "p50"
-    accuracy = q.get("accuracy", "cosine")
-    accuracy = accuracy if accuracy in ("cosine", "top1") else "cosine"
-    batch = int(q["batch"]) if q.get("batch", "").isdigit() else 1
-    ids = [i for i in q.get("jobs", "").split(",") if i][:20]
-    diff = q.get("diff") == "1"
-    ctx: dict[str, Any] = {
-        "sha": sha,
-        "latency": latency,
-        "accuracy": accuracy,
-        "batch": batch,
-        "diff": diff,
-        "required": None,
-        "bounds": [],
-        "points": [],
-    }
-    jobs: list[JobPublic] = []
-    if sha and all(c in "0123456789abcdef" for c in sha):
-        rows, _ = state.jobs.list_jobs(filters=JobFilter(source_sha256=sha), limit=200)
-        jobs = [job_public(j, state.store) for j in rows]
-        # The tolerance line: a required accuracy the viewer picks among the precisions'
-        # bounds (default: the loosest, so only points failing every bound are greyed).
-        bounds = sorted({p.bound for p in compare_points(jobs, batch, latency, accuracy) if p.bound is not None})
-        required = _float_in(q.get("min"), 0.0, 1.0)
-        if required is None and bounds:
-            required = bounds[0]
-        points = compare_points(jobs, batch, latency, accuracy, required)
-        ctx.update(points=points, bounds=bounds, required=required)
-        ctx["chart"] = scatter_chart(
-            points,
-            required,
-            f"{latency} latency at batch {batch} (ms)",
-            "worst cosine" if accuracy == "cosine" else "worst top-1 agreement",
-            f"Latency vs accuracy of source {sha[:12]}",
-        )
-        ctx["batches"] = sorted({b["batch_size"] for j in jobs for t in j.targets.values() for b in t.benchmark})
-        if not ids:
-            ids = [j.id for j in jobs[:6]]
-    table: list[JobPublic] = []
-    for job_id in ids:
-        try:
-            table.append(next((j for j in jobs if j.id == job_id), None) or load_job(request, job_id))
-        except NotFound:
-            continue
-    ctx["table"] = _side_by_side(table, diff)
-    ctx["table_jobs"] = table
-    ctx["ids"] = ",".join(j.id for j in table)
-    if not sha:
-        recent, _ = state.jobs.list_jobs(limit=50, with_steps=False)
-        seen: dict[str, Any] = {}
-        for j in recent:
-            seen.setdefault(j.source_sha256, j)
-        ctx["sources"] = list(seen.values())
-    return ctx
-
-
-def _float_in(text: str | None, lo: float, hi: float) -> float | None:
-    try:
-        value = float(text or "")
-    except ValueError:
-        return None
-    return value if lo <= value <= hi else None
-
-
-def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
-    if isinstance(value, dict):
-        for k, v in value.items():
-            _flatten(f"{prefix}.{k}" if prefix else k, v, out)
-    else:
-        out[prefix] = json.dumps(value) if isinstance(value, list | bool) or value is None else str(value)
-
-
-def _side_by_side(jobs: list[JobPublic], diff: bool) -> list[tuple[str, list[str]]]:
-    """Return rows (field, value per job); with ``diff`` only the rows where the jobs differ."""
-    columns = []
-    for job in jobs:
-        flat: dict[str, str] = {"status": job.status, "name": job.name, "source": job.source.filename}
-        _flatten("spec", job.spec, flat)
-        for t in job.targets.values():
-            flat[f"{t.target}.status"] = t.status
-            for b in t.benchmark:
-                flat[f"{t.target}.p50 ms @ batch {b['batch_size']}"] = f"{b['p50_ms']:.3f}"
-            if t.parity:
-                cos = [o["cosine"] for o in t.parity.get("outputs", []) if o.get("cosine") is not None]
-                if cos:
-                    flat[f"{t.target}.worst cosine"] = f"{min(cos):.6f}"
-        flat["seconds"] = f"{job.server_seconds:.1f}" if job.server_seconds is not None else "-"
-        columns.append(flat)
-    keys: list[str] = []
-    for col in columns:
-        keys += [k for k in col if k not in keys]
-    rows = [(k, [c.get(k, "—") for c in columns]) for k in keys]
-    if diff:
-        rows = [r for r in rows if len(set(r[1])) > 1]
-    return rows
-
-
-@router.get("/compare")
-async def compare_page(request: Request) -> Response:
-    who = await viewer(request)
-    if isinstance(who, Response):
-        return who
-    ctx = await run_in_threadpool(_compare_context, request)
-    return render(request, "compare.html", who, nav="compare", **ctx)
-
-
-def _engines_context(request: Request) -> dict[str, Any]:
-    state = request.app.state
-    now = datetime.now(UTC)
-    live = state.jobs.live_workers(state.worker_max_age)
-    queued = state.jobs.queued_steps_by_queue()
-    rows = []
-    for name in ENGINES:
-        serving = [w for w in live if name in w.engines]
-        rows.append(
-            {
-                "name": name,
-                "queue": queue_name(name),
-                "workers": serving,
-                "versions": next((w.versions.get(name, {}) for w in serving), {}),
-                "queued": queued.get(queue_name(name), 0),
-            }
-        )
-    extra_queues = {q: n for q, n in queued.items() if q not in {r["queue"] for r in rows}}
-    return {
-        "engines": rows,
-        "extra_queues": extra_queues,
-        "workers": [{"w": w, "age": (now - w.heartbeat_at).total_seconds()} for w in live],
-        "checks": readiness_checks(state),
-    }
-
-
-@router.get("/engines")
-async def engines_page(request: Request) -> Response:
-    who = await viewer(request)
-    if isinstance(who, Response):
-        return who
-    ctx = await run_in_threadpool(_engines_context, request)
-    template = "_engines_live.html" if request.headers.get("hx-request") else "engines.html"
-    return render(request, template, who, nav="engines", **ctx)
-
-
-def version_size(repo: Any, name: str, version: int) -> int | None:
-    """Return the bytes of a published version in a local repository (None elsewhere: S3 is not walked)."""
-    from services.repository.local import LocalModelRepository
-
-    if not isinstance(repo, LocalModelRepository):
-        return None
-    return sum(p.stat().st_size for p in (repo.root / name / str(version)).rglob("*") if p.is_file())
-
-
-def _repository_context(request: Request) -> dict[str, Any]:
-    repo = request.app.state.repository
-    listing = repository_listing(ANONYMOUS, repo)
-    sizes = {(m.name, v.version): version_size(repo, m.name, v.version) for m in listing.models for v in m.versions}
-    return {"listing": listing, "sizes": sizes}
-
-
-@router.get("/repository")
-async def repository_page(request: Request) -> Response:
-    who = await viewer(request)
-    if isinstance(who, Response):
-        return who
-    ctx = await run_in_threadpool(_repository_context, request)
-    return render(request, "repository.html", who, nav="repository", **ctx)
-
-
-def _version_context(request: Request, name: str, version: int) -> dict[str, Any]:
-    repo = request.app.state.repository
-    if name not in repo.model_names() or version not in repo.versions(name):
-        raise NotFound(f"no version {version} of model {name!r}", hint="The repository page lists what is there.")
-    raw = repo.read_file(f"{name}/{version}/{MANIFEST}")
-    manifest: dict[str, Any] = json.loads(raw) if raw else {}
-    config = repo.read_file(f"{name}/config.pbtxt")
-    return {
-        "name": name,
-        "version": version,
-        "uri": repo.uri(f"{name}/{version}"),
-        "manifest": manifest,
-        "manifest_json": json.dumps(manifest, indent=2, default=str),
-        "config": config.decode(errors="replace") if config else None,
-        "size": version_size(repo, name, version),
-    }
-
-
-@router.get("/repository/{name}/{version}")
-async def version_page(request: Request, name: str, version: str) -> Response:
-    who = await viewer(request)
-    if isinstance(who, Response):
-        return who
-    try:
-        if not version.isdigit():
-            raise NotFound(f"no version {version!r} of model {name!r}", hint="Versions are numbers.")
-        ctx = await run_in_threadpool(_version_context, request, name, int(version))
-    except KilnError as exc:
-        return error_page(request, who, exc)
-    return render(request, "version.html", who, nav="repository", **ctx)
 
 
 @router.get("")
