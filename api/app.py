@@ -36,6 +36,10 @@ artifact against the source model, benchmarks it and publishes it into a model r
 Submit with `POST /compile` (multipart: `model` file + `spec` JSON), follow with
 `GET /jobs/{id}/events` (Server-Sent Events) or `GET /jobs/{id}`, download with
 `GET /jobs/{id}/artifacts/{target}`. Errors carry a stable `code` and a `hint`.
+
+The web dashboard is at `/ui`. With auth on it signs in with a token and keeps it in the
+`kiln_session` cookie (HttpOnly, SameSite=Strict), which GET requests may send instead of the
+bearer token; any other request with only the cookie needs its `X-CSRF-Token` header too.
 """
 
 
