@@ -456,3 +456,20 @@ def test_a_step_without_a_worker_says_why_it_waits(service: Service, page: Any, 
         expect(row.locator("td").nth(2)).to_contain_text("1")
     finally:
         httpx.delete(f"{service.base}/jobs/{job_id}")
+
+
+def test_a_refused_upload_shows_its_error_code_and_hint(service: Service, page: Any, tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    notes = tmp_path / "notes.onnx"
+    notes.write_text("not a model at all")
+    before = httpx.get(f"{service.base}/jobs", params={"limit": 1}).json()["count"]
+    page.goto(f"{service.base}/ui/submit")
+    page.set_input_files("#model", str(notes))
+    expect(page.get_by_test_id("plan-preview")).to_contain_text("onnxruntime: onnx")
+    page.get_by_role("button", name="Submit").click()
+    card = page.get_by_test_id("form-error")
+    expect(card).to_contain_text(re.compile(r"SOURCE_UNREADABLE|UNSUPPORTED_FORMAT"))
+    expect(card.locator(".hint")).not_to_be_empty()
+    assert page.url.endswith("/ui/submit")
+    assert httpx.get(f"{service.base}/jobs", params={"limit": 1}).json()["count"] == before
