@@ -7,6 +7,7 @@ token (api.auth.csrf_token).
 
 from __future__ import annotations
 
+import hmac
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -52,7 +53,7 @@ def check_csrf(request: Request, form: dict[str, Any]) -> None:
     if _bearer(request):
         return  # not a browser session: nothing a cross-site page could forge
     sent = request.headers.get(CSRF_HEADER) or str(form.get("csrf_token", ""))
-    if not session or sent != csrf_token(session):
+    if not session or not hmac.compare_digest(sent, csrf_token(session)):
         raise Forbidden("the form's CSRF token is missing or wrong", hint="Reload the page and try again.")
 
 
