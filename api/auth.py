@@ -113,7 +113,7 @@ def session_token(request: Any) -> str | None:
     if request.method in _SAFE_METHODS:
         return str(session)
     sent = request.headers.get(CSRF_HEADER, "")
-    if not hmac.compare_digest(sent, csrf_token(session)):
+    if not hmac.compare_digest(sent.encode(), csrf_token(session).encode()):  # bytes: a non-ASCII str would raise
         raise Forbidden(
             "a dashboard session may change things only with its CSRF token",
             hint=f"Send the {CSRF_HEADER} header the dashboard's pages carry, or use an Authorization header.",

@@ -292,6 +292,7 @@ def test_the_api_takes_the_session_cookie_for_reads_and_csrf_checked_writes(
     forged = client.post(f"/jobs/{job_id}/resubmit")
     assert forged.status_code == 403 and forged.json()["code"] == "FORBIDDEN"
     assert client.post(f"/jobs/{job_id}/resubmit", headers={CSRF_HEADER: "0" * 64}).status_code == 403
+    assert client.post(f"/ui/jobs/{job_id}/cancel", data={"csrf_token": "é" * 8}).status_code == 403
     good = client.post(f"/jobs/{job_id}/resubmit", headers={CSRF_HEADER: csrf_token(tokens["write"])})
     assert good.status_code == 202, good.text
     # The dashboard's own form posts carry the token as a field; without it, a 403 page.

@@ -53,7 +53,7 @@ def check_csrf(request: Request, form: dict[str, Any]) -> None:
     if _bearer(request):
         return  # not a browser session: nothing a cross-site page could forge
     sent = request.headers.get(CSRF_HEADER) or str(form.get("csrf_token", ""))
-    if not session or not hmac.compare_digest(sent, csrf_token(session)):
+    if not session or not hmac.compare_digest(sent.encode(), csrf_token(session).encode()):
         raise Forbidden("the form's CSRF token is missing or wrong", hint="Reload the page and try again.")
 
 
