@@ -23,6 +23,7 @@ from api.routes import jobs as job_routes
 from api.routes import plan as plan_routes
 from api.routes import service as service_routes
 from api.scratch import ApiScratch
+from api.ui import install_dashboard
 from services.graph.registry import Registry, default_registry
 from services.jobs.backends import open_repository, open_store
 from services.jobs.db import database_url
@@ -43,6 +44,10 @@ artifact against the source model, benchmarks it and publishes it into a model r
 Submit with `POST /compile` (multipart: `model` file + `spec` JSON), follow with
 `GET /jobs/{id}/events` (Server-Sent Events) or `GET /jobs/{id}`, download with
 `GET /jobs/{id}/artifacts/{target}`. Errors carry a stable `code` and a `hint`.
+
+The web dashboard is at `/ui`. With auth on it signs in with a token and keeps it in the
+`kiln_session` cookie (HttpOnly, SameSite=Strict), which GET requests may send instead of the
+bearer token; any other request with only the cookie needs its `X-CSRF-Token` header too.
 """
 
 
@@ -93,8 +98,8 @@ def create_app(
         description=DESCRIPTION,
         lifespan=lifespan,
         openapi_url="/openapi.json" if open_docs else None,
-        docs_url="/docs" if open_docs else None,
-        redoc_url="/redoc" if open_docs else None,
+        docs_url=None,  # served from vendored files by api.ui.docs (offline)
+        redoc_url=None,
     )
     state = app.state
     state.settings = settings
@@ -113,6 +118,7 @@ def create_app(
     install_error_handlers(app)
     for module in (compile_routes, job_routes, plan_routes, service_routes):
         app.include_router(module.router)
+    install_dashboard(app, open_docs=open_docs)
     app.add_middleware(MetricsMiddleware, metrics=state.metrics)
     _complete_openapi(app)
     if not open_docs:

@@ -7,6 +7,8 @@ therefore stops working within ``CACHE_SECONDS``.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import threading
 import time
 from dataclasses import dataclass
@@ -17,9 +19,14 @@ from starlette.concurrency import run_in_threadpool
 from services.errors import Forbidden, Unauthorized
 from services.jobs.store import hash_token
 
-__all__ = ["CACHE_SECONDS", "Principal", "authenticate"]
+__all__ = ["CACHE_SECONDS", "CSRF_HEADER", "SESSION_COOKIE", "Principal", "authenticate", "csrf_token", "session_token"]
 
 CACHE_SECONDS = 5.0
+#: The dashboard's session: the API token itself, in an HttpOnly, SameSite=Strict cookie.
+SESSION_COOKIE = "kiln_session"
+#: Requests other than GET/HEAD that authenticate with the session cookie must carry this header.
+CSRF_HEADER = "X-CSRF-Token"
+_SAFE_METHODS = ("GET", "HEAD")
 _IMPLIED = {"admin": {"admin", "write", "read"}, "write": {"write", "read"}, "read": {"read"}}
 
 
@@ -82,3 +89,33 @@ async def authenticate(state: Any, token: str | None, scope: str) -> Principal:
             hint=f"Create a token with --scope {scope}.",
         )
     return principal
+
+
+def csrf_token(session: str) -> str:
+    """Return the CSRF token of a session: an HMAC keyed by its (secret) API token.
+
+    A cross-site page can make the browser send the cookie but cannot read it, so it cannot
+    compute this value; the dashboard puts it in its pages for its own form posts.
+    """
+    return hmac.new(session.encode(), b"kiln-csrf", hashlib.sha256).hexdigest()
+
+
+def session_token(request: Any) -> str | None:
+    """Return the API token of the request's dashboard session cookie, if it may be used here.
+
+    The cookie stands in for the bearer token on GET and HEAD (pages, SSE, downloads); on any
+    other method only with the session's CSRF token in the ``X-CSRF-Token`` header or the
+    ``csrf_token`` form field the dashboard sends.
+    """
+    session = request.cookies.get(SESSION_COOKIE)
+    if not session:
+        return None
+    if request.method in _SAFE_METHODS:
+        return str(session)
+    sent = request.headers.get(CSRF_HEADER, "")
+    if not hmac.compare_digest(sent.encode(), csrf_token(session).encode()):  # bytes: a non-ASCII str would raise
+        raise Forbidden(
+            "a dashboard session may change things only with its CSRF token",
+            hint=f"Send the {CSRF_HEADER} header the dashboard's pages carry, or use an Authorization header.",
+        )
+    return str(session)

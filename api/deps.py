@@ -14,7 +14,7 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from api.auth import Principal, authenticate
+from api.auth import Principal, authenticate, session_token
 from services.graph.registry import Registry
 from services.jobs.store import JobStore
 from services.repository.base import ModelRepository
@@ -75,7 +75,11 @@ def _require(scope: str) -> Any:
     async def dependency(
         request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
     ) -> Principal:
-        return await authenticate(request.app.state, credentials.credentials if credentials else None, scope)
+        state = request.app.state
+        token = credentials.credentials if credentials else None
+        if token is None and state.settings.auth_enabled:
+            token = session_token(request)
+        return await authenticate(state, token, scope)
 
     dependency.__name__ = f"require_{scope}"
     return dependency

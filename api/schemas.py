@@ -25,6 +25,7 @@ __all__ = [
     "PlanStepPublic",
     "ReadyPublic",
     "RepositoryPublic",
+    "ResubmitRequest",
     "SourcePublic",
     "StepPublic",
     "TargetPublic",
@@ -32,6 +33,8 @@ __all__ = [
     "WorkerPublic",
 ]
 
+#: GET /jobs's sort orders: a column, `-` first for descending.
+JobSort = Literal["created_at", "-created_at", "finished_at", "-finished_at", "name", "-name", "status", "-status"]
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 StepStatus = Literal["pending", "queued", "running", "succeeded", "failed", "skipped", "cancelled"]
 
@@ -128,6 +131,16 @@ class JobsPublic(BaseModel):
 
     data: list[JobPublic]
     count: int
+
+
+class ResubmitRequest(BaseModel):
+    """POST /jobs/{id}/resubmit: an edited spec, or none for the job's own."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    spec: dict[str, Any] | None = Field(
+        default=None, description="A CompileSpec to use instead of the job's (validated like an upload's)."
+    )
 
 
 class PlanRequest(BaseModel):

@@ -33,7 +33,7 @@ from services.spec import CompileSpec, TargetName, load_spec
 from services.storage.base import ArtifactStore
 from workers.queues import enqueue_steps
 
-__all__ = ["prepare_job", "start_job", "submit_job"]
+__all__ = ["prepare_job", "resubmit", "start_job", "submit_job"]
 
 log = logging.getLogger("kiln.api")
 
@@ -240,3 +240,54 @@ def start_job(jobs: JobStore, celery_app: Any, job_id: str, queued: list[tuple[s
         log.error("%s", err)
         jobs.fail_job(job_id, err)
         raise err from exc
+
+
+def resubmit(
+    jobs: JobStore,
+    store: ArtifactStore,
+    registry: Registry,
+    celery_app: Any,
+    job_id: str,
+    spec: dict[str, Any] | None,
+    *,
+    owner: str | None,
+    use_cache: bool,
+) -> str:
+    """Queue a new job on ``job_id``'s stored source with its spec, or ``spec``; return the new job's id.
+
+    The source is already in the store under its content address, so nothing is uploaded or
+    detected again; the new spec is validated and planned like an upload's.
+    """
+    old = jobs.get_job(job_id)
+    if not store.exists(old.source_key):
+        raise SourceUnreadable(
+            f"the source of job {job_id} is no longer in the artifact store", hint="Submit the model again."
+        )
+    new_spec = load_spec(spec if spec is not None else old.spec)
+    if new_spec.calibration and not old.calibration_key:
+        raise InvalidSpec(
+            "spec.calibration is set, but the job being resubmitted had no calibration upload",
+            hint="Submit with POST /compile and a `calibration` part.",
+            errors=[{"field": "calibration", "problem": "no calibration file to reuse"}],
+        )
+    name = new_spec.name or old.name
+    plan = plan_routes(Format(old.source_format), new_spec, registry, default_name=name)
+    new = NewJob(
+        name=name,
+        spec=new_spec.model_dump(mode="json"),
+        plan=plan,
+        source_key=old.source_key,
+        source_sha256=old.source_sha256,
+        source_filename=old.source_filename,
+        source_format=old.source_format,
+        source_seen=old.source_seen,
+        source_size=old.source_size,
+        calibration_key=old.calibration_key if new_spec.calibration else None,
+        calibration_sha256=old.calibration_sha256 if new_spec.calibration else None,
+        calibration_filename=old.calibration_filename if new_spec.calibration else None,
+        use_cache=use_cache,
+        owner=owner,
+    )
+    advance = jobs.submit_job(new)
+    start_job(jobs, celery_app, new.id, advance.queued)
+    return new.id

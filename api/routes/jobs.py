@@ -7,23 +7,26 @@ import json
 import shutil
 import tarfile
 import tempfile
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import FileResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from api.deps import JobStoreDep, ReadAuth, StoreDep, WriteAuth
+from api.deps import CeleryDep, JobStoreDep, ReadAuth, RegistryDep, StoreDep, WriteAuth
 from api.polling import CachedBody, JobBodies, JobVersions
-from api.schemas import ErrorPublic, JobPublic, JobsPublic, JobStatus
+from api.schemas import ErrorPublic, JobAccepted, JobPublic, JobSort, JobsPublic, JobStatus, ResubmitRequest
+from api.submission import resubmit
 from api.views import job_public
 from services.artifacts import DESCRIPTOR
 from services.errors import NotFound
 from services.jobs.models import FINAL_JOB_STATES, OPEN_STEP_STATES, JobEvent
-from services.jobs.store import JobStore
+from services.jobs.store import JobFilter, JobStore
 from services.public_errors import public_error
+from services.spec import Precision, TargetName
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -43,11 +46,32 @@ def list_jobs(
     store: StoreDep,
     status: JobStatus | None = None,
     name: str | None = Query(None, description="Only jobs publishing this model name."),
+    target: Annotated[TargetName | None, Query(description="Only jobs with this target.")] = None,
+    engine: str | None = Query(None, description="Only jobs with a step on this engine."),
+    precision: Annotated[Precision | None, Query(description="Only jobs at this precision.")] = None,
+    source_sha256: str | None = Query(
+        None, pattern=r"^[0-9a-fA-F]{4,64}$", description="Only jobs of this source model (a prefix is enough)."
+    ),
+    created_after: Annotated[datetime | None, Query(description="Only jobs created at or after this time.")] = None,
+    created_before: Annotated[datetime | None, Query(description="Only jobs created before this time.")] = None,
+    sort: Annotated[JobSort, Query(description="Order: a column, `-` first for descending.")] = "-created_at",
     limit: int = Query(50, ge=1, le=500),
     offset: int = Query(0, ge=0, le=MAX_SQL_INT),
 ) -> JobsPublic:
-    """Return one page of jobs, newest first."""
-    rows, count = jobs.list_jobs(status=status, name=name, limit=limit, offset=offset)
+    """Return one page of jobs, newest first unless `sort` says otherwise."""
+    filters = JobFilter(
+        status=status,
+        name=name,
+        target=target.value if target else None,
+        engine=engine,
+        precision=precision.value if precision else None,
+        source_sha256=source_sha256,
+        created_after=created_after,
+        created_before=created_before,
+        sort=sort.lstrip("-"),
+        ascending=not sort.startswith("-"),
+    )
+    rows, count = jobs.list_jobs(filters=filters, limit=limit, offset=offset)
     return JobsPublic(data=[job_public(j, store) for j in rows], count=count)
 
 
@@ -195,8 +219,28 @@ def job_events(
     responses={200: {"content": {"text/plain": {}}}, **_404},
     summary="A job's log",
 )
-def job_logs(job_id: str, _: ReadAuth, jobs: JobStoreDep) -> PlainTextResponse:
-    """Return the job's events as lines, then each step's captured tool output."""
+def job_logs(
+    job_id: str,
+    _: ReadAuth,
+    jobs: JobStoreDep,
+    tail: int | None = Query(None, ge=1, le=100_000, description="Only the last N lines."),
+    offset: int = Query(0, ge=0, description="Skip the first N lines (to follow a log: the lines seen so far)."),
+    limit: int | None = Query(None, ge=1, le=100_000, description="At most N lines from `offset`."),
+) -> PlainTextResponse:
+    """Return the job's events as lines, then each step's captured tool output.
+
+    `X-Log-Lines` says how many lines the whole log has and `X-Log-Offset` where the answer
+    starts, so a viewer shows the tail of a huge log and follows it with `offset`.
+    """
+    lines = job_log_lines(jobs, job_id)
+    start = max(len(lines) - tail, offset) if tail is not None else min(offset, len(lines))
+    end = len(lines) if limit is None else min(len(lines), start + limit)
+    body = "".join(line + "\n" for line in lines[start:end])
+    return PlainTextResponse(body, headers={"X-Log-Lines": str(len(lines)), "X-Log-Offset": str(start)})
+
+
+def job_log_lines(jobs: JobStore, job_id: str) -> list[str]:
+    """Return the job's log as lines: its events, then each step's captured tool output."""
     job = jobs.get_job(job_id)
     lines = [f"job {job.id} ({job.name}): {job.status}"]
     after = 0
@@ -212,9 +256,41 @@ def job_logs(job_id: str, _: ReadAuth, jobs: JobStoreDep) -> PlainTextResponse:
         after = batch[-1].id
     for step in job.steps:
         if step.log:
-            lines.append(f"\n--- output of {step.step_id} (attempt {step.attempt}, {step.worker}) ---")
-            lines.append(step.log.rstrip())
-    return PlainTextResponse("\n".join(lines) + "\n")
+            lines.append("")
+            lines.append(f"--- output of {step.step_id} (attempt {step.attempt}, {step.worker}) ---")
+            lines.extend(step.log.rstrip().split("\n"))
+    return lines
+
+
+@router.post(
+    "/{job_id}/resubmit",
+    status_code=202,
+    response_model=JobAccepted,
+    responses={**_404, 422: {"model": ErrorPublic, "description": "INVALID_SPEC, NO_ROUTE"}},
+    summary="Submit a job again: same source, same or edited spec",
+)
+async def resubmit_job(
+    job_id: str,
+    request: Request,
+    principal: WriteAuth,
+    jobs: JobStoreDep,
+    store: StoreDep,
+    celery: CeleryDep,
+    registry: RegistryDep,
+    body: ResubmitRequest | None = None,
+) -> JSONResponse:
+    """Queue a new job on the stored source (and calibration) of `job_id`, with its spec or `spec` from the body.
+
+    Nothing is uploaded again, and steps whose inputs are unchanged come from the cache.
+    """
+    spec = body.spec if body is not None else None
+    new_id = await run_in_threadpool(
+        resubmit, jobs, store, registry, celery, job_id, spec, owner=principal.name, use_cache=True
+    )
+    request.app.state.metrics.jobs_submitted.inc()
+    url = f"/jobs/{new_id}"
+    accepted = JobAccepted(id=new_id, url=url, events_url=f"{url}/events")
+    return JSONResponse(accepted.model_dump(), status_code=202, headers={"Location": url})
 
 
 def _tar_artifact(store: Any, key: str, scratch: Path, arcname: str) -> Path:

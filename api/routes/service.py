@@ -103,19 +103,19 @@ def _broker_ok(celery_app: Any) -> None:
     summary="Readiness: broker, database and storage answer",
 )
 async def readyz(request: Request) -> JSONResponse:
-    state = request.app.state
-
-    def run() -> dict[str, str]:
-        return {
-            "broker": _check(lambda: _broker_ok(state.celery)),
-            "database": _check(state.jobs.ping),
-            "storage": _check(lambda: state.store.exists("readyz-probe")),
-        }
-
-    checks = await run_in_threadpool(run)
+    checks = await run_in_threadpool(readiness_checks, request.app.state)
     ok = all(v == "ok" for v in checks.values())
     body = ReadyPublic(status="ready" if ok else "unavailable", checks=checks)
     return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
+
+
+def readiness_checks(state: Any) -> dict[str, str]:
+    """Return broker, database and storage: "ok" or what failed (blocking: call it off the event loop)."""
+    return {
+        "broker": _check(lambda: _broker_ok(state.celery)),
+        "database": _check(state.jobs.ping),
+        "storage": _check(lambda: state.store.exists("readyz-probe")),
+    }
 
 
 @router.get(

@@ -79,6 +79,9 @@ class Job(Base):
     status: Mapped[str] = mapped_column(String(16), index=True)  # queued|running|succeeded|failed|cancelled
     name: Mapped[str] = mapped_column(String(128), index=True)
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # spec.precision as a column: the job list filters on it (reading it out of the JSON
+    # parses every row's spec).
+    precision: Mapped[str | None] = mapped_column(String(8), nullable=True, index=True)
     plan: Mapped[dict[str, Any]] = mapped_column(JSON)
     source_key: Mapped[str] = mapped_column(String(255))
     source_sha256: Mapped[str] = mapped_column(String(64), index=True)
@@ -108,6 +111,11 @@ class JobStep(Base):
     """One plan step of a job and its run: the unit a worker claims."""
 
     __tablename__ = "job_steps"
+    # "Jobs with a step for this target / on this engine" (the job list's filters).
+    __table_args__ = (
+        Index("ix_job_steps_target_job_id", "target", "job_id"),
+        Index("ix_job_steps_engine_job_id", "engine", "job_id"),
+    )
 
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
     step_id: Mapped[str] = mapped_column(String(255), primary_key=True)

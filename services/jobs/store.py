@@ -22,6 +22,7 @@ after it is recorded, so each process reads them once per job and keeps them.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import secrets
 import threading
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, exists, func, select, update
 from sqlalchemy.orm import Session, contains_eager, defer, selectinload, sessionmaker
 
 from services.errors import Cancelled, EngineUnavailable, KilnError, NotFound
@@ -52,7 +53,7 @@ from services.jobs.models import (
 from services.pipeline.results import blocked_by, target_results
 from services.public_errors import public_error
 
-__all__ = ["Advance", "ClaimedStep", "JobStore", "JobVersion", "NewJob", "hash_token"]
+__all__ = ["Advance", "ClaimedStep", "JobFilter", "JobStore", "JobVersion", "NewJob", "hash_token"]
 
 #: Scopes a token may carry; "write" implies "read", "admin" implies both.
 SCOPES = ("read", "write", "admin")
@@ -147,6 +148,55 @@ class Advance:
     queued: list[tuple[str, str]]  # (step_id, engine): to enqueue
     final_status: str | None = None
     claimed: ClaimedStep | None = None  # a newly ready step taken by the finishing worker itself
+
+
+#: What GET /jobs can sort by.
+_SORT_COLUMNS: dict[str, Any] = {
+    "created_at": Job.created_at,
+    "finished_at": Job.finished_at,
+    "name": Job.name,
+    "status": Job.status,
+}
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    """Which jobs a listing shows and in what order (every field optional)."""
+
+    status: str | None = None
+    name: str | None = None
+    target: str | None = None  # a job with a step for this target
+    engine: str | None = None  # a job with a step on this engine
+    precision: str | None = None
+    source_sha256: str | None = None  # a prefix of it is enough
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    sort: str = "created_at"
+    ascending: bool = False
+
+    def clauses(self) -> list[Any]:
+        where: list[Any] = []
+        if self.status:
+            where.append(Job.status == self.status)
+        if self.name:
+            where.append(Job.name == self.name)
+        if self.precision:
+            where.append(Job.precision == self.precision)
+        if self.source_sha256:
+            sha = self.source_sha256.lower()
+            # A whole hash is an equality the (source_sha256, created_at) index serves in order.
+            where.append(
+                Job.source_sha256 == sha if len(sha) == 64 else Job.source_sha256.startswith(sha, autoescape=True)
+            )
+        if self.created_after:
+            where.append(Job.created_at >= self.created_after)
+        if self.created_before:
+            where.append(Job.created_at < self.created_before)
+        if self.target:
+            where.append(exists().where(JobStep.job_id == Job.id, JobStep.target == self.target))
+        if self.engine:
+            where.append(exists().where(JobStep.job_id == Job.id, JobStep.engine == self.engine))
+        return where
 
 
 class JobStore:
@@ -273,6 +323,7 @@ class JobStore:
             status="queued",
             name=new.name,
             spec=new.spec,
+            precision=str(new.spec.get("precision", "fp32")),
             plan=plan,
             source_key=new.source_key,
             source_sha256=new.source_sha256,
@@ -317,25 +368,31 @@ class JobStore:
             return job
 
     def list_jobs(
-        self, *, status: str | None = None, name: str | None = None, limit: int = 50, offset: int = 0
+        self,
+        *,
+        status: str | None = None,
+        name: str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+        filters: JobFilter | None = None,
+        with_steps: bool = True,
     ) -> tuple[list[Job], int]:
-        """Return one page of jobs, newest first, and how many match in all."""
-        where = []
-        if status:
-            where.append(Job.status == status)
-        if name:
-            where.append(Job.name == name)
+        """Return one page of jobs (newest first unless ``filters`` sorts otherwise) and how many match."""
+        f = filters or JobFilter()
+        if status or name:
+            f = dataclasses.replace(f, status=status or f.status, name=name or f.name)
+        where = f.clauses()
+        column = _SORT_COLUMNS[f.sort]
+        order = [column.asc() if f.ascending else column.desc(), Job.id]
+        query = select(Job).where(*where).order_by(*order).limit(limit).offset(offset)
+        if with_steps:
+            query = query.options(selectinload(Job.steps))
+        else:
+            # The dashboard's list shows headlines only: spec, plan, results and steps stay unread.
+            query = query.options(defer(Job.plan), defer(Job.result), defer(Job.error))
         with self.read() as s:
             count = s.scalar(select(func.count()).select_from(Job).where(*where)) or 0
-            jobs = s.scalars(
-                select(Job)
-                .where(*where)
-                .order_by(Job.created_at.desc(), Job.id)
-                .limit(limit)
-                .offset(offset)
-                .options(selectinload(Job.steps))
-            ).all()
-            return list(jobs), count
+            return list(s.scalars(query).all()), count
 
     def fail_job(self, job_id: str, error: KilnError) -> None:
         """End a job that cannot proceed (e.g. its first steps could not be enqueued)."""
@@ -787,6 +844,14 @@ class JobStore:
                     .order_by(WorkerRecord.hostname)
                 ).all()
             )
+
+    def queued_steps_by_queue(self) -> dict[str, int]:
+        """Return how many steps wait in each queue (the broker-independent queue length)."""
+        with self.read() as s:
+            rows = s.execute(
+                select(JobStep.queue, func.count()).where(JobStep.status == "queued").group_by(JobStep.queue)
+            ).all()
+            return {q: int(n) for q, n in rows}
 
     # --- API tokens -----------------------------------------------------------------------
 

@@ -1,0 +1,143 @@
+// Kiln dashboard: the theme override and the submit form (plan preview, upload with progress).
+// Everything else is server-rendered HTML swapped by htmx.
+"use strict";
+
+(function theme() {
+  const select = document.querySelector("[data-theme-select]");
+  if (!select) return;
+  select.value = localStorage.getItem("kiln-theme") || "";
+  select.addEventListener("change", () => {
+    if (select.value) {
+      localStorage.setItem("kiln-theme", select.value);
+      document.documentElement.dataset.theme = select.value;
+    } else {
+      localStorage.removeItem("kiln-theme");
+      delete document.documentElement.dataset.theme;
+    }
+  });
+})();
+
+(function submitForm() {
+  const form = document.getElementById("submit-form");
+  if (!form) return;
+  const csrf = form.dataset.csrf || "";
+  const preview = document.getElementById("plan-preview");
+  const errorBox = document.getElementById("submit-error");
+  const progress = document.getElementById("upload-progress");
+  const button = document.getElementById("submit-button");
+  const modelInput = document.getElementById("model");
+  const EXT = [[".tar.gz", "savedmodel"], [".tgz", "savedmodel"], [".onnx", "onnx"], [".tflite", "tflite"],
+    [".keras", "keras"], [".h5", "keras"], [".pt2", "torch_export"], [".pt", "torchscript"],
+    [".xml", "openvino_ir"], [".zip", "savedmodel"], [".tar", "savedmodel"]];
+
+  function setPath(obj, path, value) {
+    const keys = path.split(".");
+    let o = obj;
+    keys.slice(0, -1).forEach((k) => { o = o[k] = o[k] || {}; });
+    o[keys[keys.length - 1]] = value;
+  }
+  function merge(a, b) {
+    for (const [k, v] of Object.entries(b)) {
+      a[k] = v && typeof v === "object" && !Array.isArray(v) && a[k] && typeof a[k] === "object" ? merge(a[k], v) : v;
+    }
+    return a;
+  }
+  function el(tag, text, cls) { const e = document.createElement(tag); if (text) e.textContent = text; if (cls) e.className = cls; return e; }
+
+  // Returns the spec the fields describe; throws with a message on unreadable JSON.
+  function buildSpec() {
+    const spec = {};
+    const arrays = {};
+    form.querySelectorAll("[data-spec]").forEach((input) => {
+      const path = input.dataset.spec, kind = input.dataset.kind || "";
+      if (kind === "array") { (arrays[path] = arrays[path] || []); if (input.checked) arrays[path].push(input.value); return; }
+      if (kind === "boolean") { if (input.checked !== input.defaultChecked) setPath(spec, path, input.checked); return; }
+      const raw = input.value.trim();
+      if (!raw) return;
+      if (kind === "json") {
+        try { setPath(spec, path, JSON.parse(raw)); } catch (e) { throw new Error(path + " is not JSON: " + e.message); }
+      } else if (kind === "integer" || kind === "number") { setPath(spec, path, Number(raw)); }
+      else { setPath(spec, path, raw); }
+    });
+    for (const [path, values] of Object.entries(arrays)) setPath(spec, path, values);
+    const advanced = document.getElementById("advanced").value.trim();
+    if (advanced) {
+      try { merge(spec, JSON.parse(advanced)); } catch (e) { throw new Error("advanced spec is not JSON: " + e.message); }
+    }
+    const calibration = document.getElementById("calibration");
+    if (calibration && calibration.files.length) spec.calibration = calibration.files[0].name;
+    return spec;
+  }
+  function guessFormat(spec) {
+    if (spec.source_format) return spec.source_format;
+    const file = modelInput.files[0];
+    if (!file) return null;
+    const name = file.name.toLowerCase();
+    const hit = EXT.find(([ext]) => name.endsWith(ext));
+    return hit ? hit[1] : null;
+  }
+  function showError(box, body) {
+    box.replaceChildren();
+    const card = el("div", null, "card error-card");
+    card.dataset.testid = "form-error";
+    card.append(el("p", (body.code ? body.code + ": " : "") + (body.message || "failed")));
+    if (body.hint) card.append(el("p", body.hint, "hint"));
+    box.append(card);
+  }
+
+  let timer = null, seq = 0;
+  async function refreshPlan() {
+    let spec;
+    try { spec = buildSpec(); } catch (e) { showError(preview, { code: "INVALID_SPEC", message: e.message }); return; }
+    const format = guessFormat(spec);
+    if (!format) { preview.textContent = modelInput.files.length ? "Set source_format under More options to preview the plan." : "Choose a model file to preview the plan."; return; }
+    const mine = ++seq;
+    const resp = await fetch("/plan", {
+      method: "POST", credentials: "same-origin",
+      headers: { "Content-Type": "application/json", "X-CSRF-Token": csrf },
+      body: JSON.stringify({ source_format: format, spec: spec }),
+    });
+    const body = await resp.json().catch(() => ({}));
+    if (mine !== seq) return;
+    if (!resp.ok) { showError(preview, body); return; }
+    preview.replaceChildren();
+    const list = el("ul");
+    for (const [target, route] of Object.entries(body.routes)) list.append(el("li", target + ": " + route));
+    preview.append(el("p", body.steps.length + " steps on " + body.queues.join(", ") + " (source " + body.source_format + ")"), list);
+    if (body.engines_without_workers.length) {
+      const warn = el("p", "⚠ No live worker for " + body.engines_without_workers.join(", ") + ": Kiln refuses such a job unless \"wait for workers\" is set; then those steps wait (up to KILN_WORKER_WAIT_SECONDS) for one.", "waiting");
+      warn.dataset.testid = "no-worker-warning";
+      preview.append(warn);
+    }
+  }
+  form.addEventListener("input", () => { clearTimeout(timer); timer = setTimeout(refreshPlan, 250); });
+  form.addEventListener("change", () => { clearTimeout(timer); timer = setTimeout(refreshPlan, 50); });
+
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    errorBox.replaceChildren();
+    if (!modelInput.files.length) { showError(errorBox, { code: "SOURCE_UNREADABLE", message: "choose a model file" }); modelInput.focus(); return; }
+    let spec;
+    try { spec = buildSpec(); } catch (e) { showError(errorBox, { code: "INVALID_SPEC", message: e.message }); return; }
+    const data = new FormData();
+    data.append("model", modelInput.files[0]);
+    data.append("spec", JSON.stringify(spec));
+    const calibration = document.getElementById("calibration");
+    if (calibration && calibration.files.length) data.append("calibration", calibration.files[0]);
+    // XMLHttpRequest, not fetch: only it reports upload progress.
+    const xhr = new XMLHttpRequest();
+    xhr.open("POST", "/compile");
+    xhr.setRequestHeader("X-CSRF-Token", csrf);
+    progress.hidden = false; progress.value = 0; button.disabled = true;
+    xhr.upload.onprogress = (e) => { if (e.lengthComputable) progress.value = Math.round(100 * e.loaded / e.total); };
+    xhr.onload = () => {
+      let body = {};
+      try { body = JSON.parse(xhr.responseText); } catch (e) { /* not JSON: shown as status below */ }
+      if (xhr.status === 202) { progress.value = 100; window.location.assign("/ui/jobs/" + body.id); return; }
+      button.disabled = false;
+      showError(errorBox, body.code ? body : { code: "HTTP " + xhr.status, message: xhr.statusText });
+    };
+    xhr.onerror = () => { button.disabled = false; showError(errorBox, { code: "NETWORK", message: "the upload did not reach the server" }); };
+    xhr.send(data);
+  });
+})();

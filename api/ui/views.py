@@ -1,0 +1,180 @@
+"""What the dashboard's pages show, computed from the API's public schemas (no HTML here).
+
+The job grid (a row per target, a column per step kind), parity headroom per output, and
+the compare view's points with their Pareto front.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from api.schemas import JobPublic, StepPublic, TargetPublic
+
+__all__ = [
+    "STATUS_ICONS",
+    "STEP_COLUMNS",
+    "ComparePoint",
+    "GridRow",
+    "OutputHeadroom",
+    "compare_points",
+    "job_grid",
+    "output_headroom",
+    "pareto_front",
+    "waiting_reason",
+]
+
+STEP_COLUMNS = ("reference", "optimize", "convert", "export", "publish")
+#: Status as a symbol and a word: the grid never says it by colour alone.
+STATUS_ICONS = {
+    "pending": "○",
+    "queued": "◷",
+    "running": "▶",
+    "succeeded": "✓",
+    "failed": "✗",
+    "skipped": "↷",
+    "cancelled": "⊘",
+}
+
+
+@dataclass
+class GridRow:
+    target: TargetPublic
+    cells: dict[str, list[StepPublic]]
+
+
+def job_grid(job: JobPublic) -> list[GridRow]:
+    """Return a row per target with, per step kind, the steps of its route (shared ones included)."""
+    steps = {s.id: s for s in job.steps}
+    rows = []
+    for target in job.targets.values():
+        cells: dict[str, list[StepPublic]] = {k: [] for k in STEP_COLUMNS}
+        for step_id in target.steps:
+            step = steps.get(step_id)
+            if step is not None:
+                cells.setdefault(step.kind, []).append(step)
+        rows.append(GridRow(target=target, cells=cells))
+    return rows
+
+
+def waiting_reason(step: StepPublic, live_engines: set[str]) -> str | None:
+    """Say why a queued step waits when no live worker serves its engine."""
+    if step.status == "queued" and step.engine not in live_engines:
+        return f"waiting: no live worker serves {step.engine} (queue {step.queue})"
+    return None
+
+
+@dataclass
+class OutputHeadroom:
+    """One parity metric of one output against its bound: how much of the tolerance it uses."""
+
+    output: str
+    metric: str
+    value: float
+    bound: float | None
+    used: float | None  # 0 = exact, 1 = at the bound, > 1 = outside
+    ok: bool
+
+
+def _used(error: float, allowed: float) -> float:
+    error = max(error, 0.0)  # 1 - cosine can be a rounding hair below zero
+    if allowed <= 0:
+        return 0.0 if error <= 0 else math.inf
+    return error / allowed
+
+
+def output_headroom(parity: dict[str, Any] | None) -> list[OutputHeadroom]:
+    """Return each output's metrics with the share of its tolerance used (for the headroom bars)."""
+    if not parity:
+        return []
+    tol = parity.get("tolerances") or {}
+    out = []
+    for o in parity.get("outputs", []):
+        name = o.get("name", "?")
+        atol = tol.get("atol")
+        if o.get("max_abs") is not None:
+            used = _used(o["max_abs"], atol) if atol is not None else None
+            out.append(OutputHeadroom(name, "max abs error", o["max_abs"], atol, used, used is None or used <= 1))
+        min_cos = tol.get("min_cosine")
+        if o.get("cosine") is not None:
+            used = _used(1 - o["cosine"], 1 - min_cos) if min_cos is not None else None
+            out.append(OutputHeadroom(name, "cosine", o["cosine"], min_cos, used, used is None or used <= 1))
+        min_top1 = tol.get("min_top1")
+        if o.get("top1") is not None:
+            used = _used(1 - o["top1"], 1 - min_top1) if min_top1 is not None else None
+            out.append(OutputHeadroom(name, "top-1 agreement", o["top1"], min_top1, used, used is None or used <= 1))
+    return out
+
+
+@dataclass
+class ComparePoint:
+    job_id: str
+    target: str
+    precision: str
+    latency_ms: float
+    accuracy: float
+    bound: float | None
+    passed: bool
+    link: str
+    on_front: bool = False
+    label: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.label = f"{self.target} {self.precision}"
+
+
+def compare_points(
+    jobs: list[JobPublic], batch: int, latency: str, accuracy: str, required: float | None = None
+) -> list[ComparePoint]:
+    """Return one point per engine x precision with a benchmark at ``batch`` and a parity report.
+
+    ``latency`` is p50 or p99; ``accuracy`` is cosine or top1, of the worst output. A point
+    passes when its own parity check passed and its accuracy reaches ``required`` (the
+    tolerance line the viewer picked). The newest job wins when several built the same
+    engine x precision.
+    """
+    seen: set[tuple[str, str]] = set()
+    points = []
+    for job in jobs:  # newest first
+        precision = str(job.spec.get("precision", "fp32"))
+        for target in job.targets.values():
+            key = (target.target, precision)
+            if key in seen or not target.parity:
+                continue
+            row = next((b for b in target.benchmark if b.get("batch_size") == batch), None)
+            values = [o.get(accuracy) for o in target.parity.get("outputs", []) if o.get(accuracy) is not None]
+            if row is None or not values:
+                continue
+            seen.add(key)
+            tol = target.parity.get("tolerances") or {}
+            pub = target.published or {}
+            link = f"/ui/repository/{pub['name']}/{pub['version']}" if pub.get("name") else f"/ui/jobs/{job.id}"
+            worst = float(min(values))
+            points.append(
+                ComparePoint(
+                    job_id=job.id,
+                    target=target.target,
+                    precision=precision,
+                    latency_ms=float(row[f"{latency}_ms"]),
+                    accuracy=worst,
+                    bound=tol.get("min_cosine" if accuracy == "cosine" else "min_top1"),
+                    passed=bool(target.parity.get("passed")) and (required is None or worst >= required),
+                    link=link,
+                )
+            )
+    pareto_front(points)
+    return points
+
+
+def pareto_front(points: list[ComparePoint]) -> list[ComparePoint]:
+    """Mark and return the passing points no other passing point beats on both latency and accuracy."""
+    passing = sorted((p for p in points if p.passed), key=lambda p: (p.latency_ms, -p.accuracy))
+    front = []
+    best = -math.inf
+    for p in passing:  # fastest first: a point is on the front if more accurate than every faster one
+        if p.accuracy > best:
+            p.on_front = True
+            front.append(p)
+            best = p.accuracy
+    return front
