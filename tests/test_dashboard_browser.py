@@ -129,7 +129,7 @@ def test_submit_by_keyboard_goes_live_queued_running_succeeded(service: Service,
     long_spec = {
         "targets": ["onnxruntime"],
         "name": "long-job",
-        "benchmark": {"batch_sizes": [64], "iterations": 1_000_000, "warmup": 0},
+        "benchmark": {"batch_sizes": [64], "iterations": 100_000, "warmup": 0},  # the schema's most
         "validation": {"samples": 2},
     }
     r = submit(service.base, cnn_onnx, long_spec, params={"cache": "false"})
@@ -334,13 +334,17 @@ def auth_service(service: Service) -> Iterator[tuple[str, dict[str, str]]]:
     """`kiln api` with auth on, over the same job store, broker and repository as `service`."""
     import subprocess
 
-    from jobs_support import KILN, TESTS_DIR
+    from jobs_support import KILN_CMD, TESTS_DIR
 
     env = {**service.env, "KILN_AUTH_ENABLED": "true", "KILN_REPOSITORY": str(service.root / "repo")}
     tokens = {}
     for name, scope in (("reader", "read"), ("writer", "write")):
         out = subprocess.run(
-            [KILN, "token", "create", name, "--scope", scope], env=env, cwd=TESTS_DIR, capture_output=True, text=True
+            [*KILN_CMD, "token", "create", name, "--scope", scope],
+            env=env,
+            cwd=TESTS_DIR,
+            capture_output=True,
+            text=True,
         )
         assert out.returncode == 0, out.stderr
         tokens[name] = out.stdout.strip().splitlines()[-1]
@@ -439,7 +443,8 @@ def test_a_step_without_a_worker_says_why_it_waits(service: Service, page: Any, 
     # ... the jobs list, left open, shows the new job without a reload ...
     page.goto(f"{service.base}/ui/")
     page.evaluate("window.__kilnMarker = 'same page'")
-    r = submit(service.base, cnn_onnx, {"targets": ["tensorrt"], "name": "no-gpu", **FAST})
+    # No worker serves TensorRT here: such a job is accepted only when it asks to wait for one.
+    r = submit(service.base, cnn_onnx, {"targets": ["tensorrt"], "name": "no-gpu", "wait_for_workers": True, **FAST})
     assert r.status_code == 202, r.text
     job_id = r.json()["id"]
     try:

@@ -59,7 +59,7 @@ def test_int8_artifact_with_infinities_is_not_published(
     assert out["nonfinite"] > 0 and out["values"] == 16
     assert target.parity["passed"] is False and "no tolerance accepts" in target.error["hint"]
     assert target.published is None
-    assert sorted(p.name for p in (repo_dir / "m").iterdir() if p.is_dir()) == ["1"]  # only the fp32 version
+    assert sorted(p.name for p in (repo_dir / "triton" / "m").iterdir() if p.is_dir()) == ["1"]  # only the fp32 version
 
 
 def test_openvino_ir_without_outputs_is_not_published(tmp_path: Path, store, repository, repo_dir: Path) -> None:
@@ -72,4 +72,4 @@ def test_openvino_ir_without_outputs_is_not_published(tmp_path: Path, store, rep
     assert target.status == "failed" and target.error["code"] == "PARITY_FAILED"
     assert "nothing to compare" in target.error["message"]
     assert target.parity["outputs"] == [] and target.parity["passed"] is False
-    assert target.published is None and not (repo_dir / "m").exists()
+    assert target.published is None and not (repo_dir / "triton" / "m").exists()

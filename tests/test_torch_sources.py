@@ -124,7 +124,7 @@ def test_cnn_torchscript_to_onnxruntime(cnn, precision, shared_store, repository
     assert result.plan.routes["onnxruntime"] == "torchscript → onnx ⇒ onnxruntime"
     assert_parity_passed(target.parity, precision)
     assert target.parity["outputs"][0]["top1"] >= (1.0 if precision == "fp32" else 0.75)
-    published = repo_dir / "m" / "1" / "model.onnx"
+    published = repo_dir / "triton" / "m" / "1" / "model.onnx"
     assert published.is_file()
     # No spec inputs: the shapes come from what the traced module recorded, batch left dynamic.
     assert _onnx_dims(published)["x"] == ["batch", 3, 32, 32]
@@ -138,7 +138,7 @@ def test_cnn_exported_program_to_onnxruntime_all_precisions(cnn, shared_store, r
     assert target.status == "succeeded", target.error
     assert result.plan.routes["onnxruntime"] == "torch_export → onnx ⇒ onnxruntime"
     assert_parity_passed(target.parity, "fp32")
-    dims = _onnx_dims(repo_dir / "m" / "1" / "model.onnx")
+    dims = _onnx_dims(repo_dir / "triton" / "m" / "1" / "model.onnx")
     assert dims["x"][1:] == [3, 32, 32] and isinstance(dims["x"][0], str)  # the program's dynamic batch
     assert dims["output"][1:] == [10]
     for precision in ("fp16", "int8"):
@@ -160,7 +160,7 @@ def test_bert_exported_program_to_onnxruntime_all_precisions(
     assert_parity_passed(target.parity, "fp32")
     # Names follow the program: kwargs in, ModelOutput keys out (made a plain dict on load).
     assert [o["name"] for o in target.parity["outputs"]] == ["last_hidden_state", "pooler_output"]
-    dims = _onnx_dims(repo_dir / "m" / "1" / "model.onnx")
+    dims = _onnx_dims(repo_dir / "triton" / "m" / "1" / "model.onnx")
     assert set(dims) == {"input_ids", "attention_mask", "last_hidden_state", "pooler_output"}
     assert all(isinstance(d, str) for d in dims["input_ids"])  # batch and sequence stay dynamic
     signature = result.steps["reference"].meta["signature"]
@@ -199,14 +199,14 @@ def test_bert_traced_torchscript_dict_outputs_and_dynamic_sequence(bert, shared_
         "input_ids": {"0": "batch", "1": "input_ids_dim1"},
         "attention_mask": {"0": "batch", "1": "attention_mask_dim1"},
     }
-    dims = _onnx_dims(repo_dir / "m" / "1" / "model.onnx")
+    dims = _onnx_dims(repo_dir / "triton" / "m" / "1" / "model.onnx")
     assert dims["input_ids"] == ["batch", "input_ids_dim1"]
     # The reference ran torch at the spec's opt shape, not the traced one.
     ref_inputs = result.steps["reference"].meta["signature"]["inputs"]
     assert ref_inputs[0] == {"name": "input_ids", "dtype": "int64", "shape": [None, None]}
     import onnxruntime as ort
 
-    session = ort.InferenceSession(str(repo_dir / "m" / "1" / "model.onnx"))
+    session = ort.InferenceSession(str(repo_dir / "triton" / "m" / "1" / "model.onnx"))
     ids = np.random.default_rng(1).integers(0, BERT_VOCAB, (3, 40))
     runner = open_runner(Format.TORCHSCRIPT, bert["traced"], inputs=spec.inputs)
     expected = runner.run({"input_ids": ids, "attention_mask": np.ones_like(ids)})
@@ -232,7 +232,7 @@ def test_scripted_torchscript_with_spec_profile(cnn, shared_store, repository, r
     target = result.targets["onnxruntime"]
     assert target.status == "succeeded", target.error
     assert_parity_passed(target.parity, "fp32")
-    assert _onnx_dims(repo_dir / "m" / "1" / "model.onnx")["x"] == ["batch", 3, "x_dim2", "x_dim3"]
+    assert _onnx_dims(repo_dir / "triton" / "m" / "1" / "model.onnx")["x"] == ["batch", 3, "x_dim2", "x_dim3"]
     assert result.steps["reference"].meta["signature"]["inputs"][0]["shape"] == [None, 3, None, None]
 
 
@@ -323,7 +323,7 @@ def test_spec_opset_reaches_the_exported_onnx(cnn, shared_store, repository, rep
     from services.converters.torch_to_onnx import DEFAULT_OPSET
 
     def published_opset() -> int:
-        model = onnx.load(str(repo_dir / "m" / "1" / "model.onnx"), load_external_data=False)
+        model = onnx.load(str(repo_dir / "triton" / "m" / "1" / "model.onnx"), load_external_data=False)
         return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
 
     wanted = 16 if DEFAULT_OPSET != 16 else 15

@@ -224,7 +224,9 @@ def job_logs(
     _: ReadAuth,
     jobs: JobStoreDep,
     tail: int | None = Query(None, ge=1, le=100_000, description="Only the last N lines."),
-    offset: int = Query(0, ge=0, description="Skip the first N lines (to follow a log: the lines seen so far)."),
+    offset: int = Query(
+        0, ge=0, le=MAX_SQL_INT, description="Skip the first N lines (to follow a log: the lines seen so far)."
+    ),
     limit: int | None = Query(None, ge=1, le=100_000, description="At most N lines from `offset`."),
 ) -> PlainTextResponse:
     """Return the job's events as lines, then each step's captured tool output.
