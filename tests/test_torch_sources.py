@@ -145,7 +145,7 @@ def test_cnn_exported_program_to_onnxruntime_all_precisions(cnn, shared_store, r
         meta = export_again(result, _spec(["onnxruntime"], precision), shared_store, repository)
         assert_parity_passed(meta["onnxruntime"]["parity"], precision)
         assert meta["onnxruntime"]["precision"] == precision
-    assert sorted(p.name for p in (repo_dir / "m").iterdir() if p.is_dir()) == ["1", "2", "3"]
+    assert sorted(p.name for p in (repo_dir / "triton" / "m").iterdir() if p.is_dir()) == ["1", "2", "3"]
 
 
 # --------------------------------------------------------------------------- BERT
@@ -330,7 +330,7 @@ def test_spec_opset_reaches_the_exported_onnx(cnn, shared_store, repository, rep
     result = _compile(cnn["traced"], _spec(["onnxruntime"], opset=wanted), shared_store, repository)
     assert result.targets["onnxruntime"].status == "succeeded", result.targets["onnxruntime"].error
     assert published_opset() == wanted
-    shutil.rmtree(repo_dir / "m")
+    shutil.rmtree(repo_dir / "triton" / "m")
     result = _compile(cnn["traced"], _spec(["onnxruntime"]), shared_store, repository)
     assert result.targets["onnxruntime"].status == "succeeded", result.targets["onnxruntime"].error
     assert published_opset() == DEFAULT_OPSET
