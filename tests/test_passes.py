@@ -581,3 +581,64 @@ def test_optimize_step_on_the_cnn(tmp_path: Path, cnn_onnx: Path) -> None:
     assert art.meta["verification"]["checked"] is True
     assert art.meta["nodes_after"] <= art.meta["nodes_before"]
     assert_same_outputs(onnx.load(str(cnn_onnx)), onnx.load(str(art.path)), batch=2)
+
+
+# --- what onnxruntime sees after the optimiser (issue 12) -------------------------------
+
+
+def ort_optimized_op_types(model: onnx.ModelProto, tmp_path: Path) -> list[str]:
+    """Return the op types of ``model`` after onnxruntime's own load-time rewrites (ORT_ENABLE_ALL)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.optimized_model_filepath = str(tmp_path / "ort_optimized.onnx")
+    opts.log_severity_level = 3
+    ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return op_types(onnx.load(opts.optimized_model_filepath))
+
+
+def residual_layernorm_model(d: int = 8) -> onnx.ModelProto:
+    """BERT's attention output: heads merged back by a Reshape to a computed shape, a dense
+    layer, the residual Add and LayerNormalization; batch and sequence dynamic."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["bs"], start=0, end=2),
+        helper.make_node("Concat", ["bs", "heads"], ["split_shape"], axis=0),
+        helper.make_node("Reshape", ["x", "split_shape"], ["split"]),
+        helper.make_node("Transpose", ["split"], ["per_head"], perm=[0, 2, 1, 3]),
+        helper.make_node("Relu", ["per_head"], ["act"]),
+        helper.make_node("Transpose", ["act"], ["back"], perm=[0, 2, 1, 3]),
+        helper.make_node("Concat", ["bs", "width"], ["merge_shape"], axis=0),
+        helper.make_node("Reshape", ["back", "merge_shape"], ["merged"]),
+        helper.make_node("MatMul", ["merged", "w"], ["dense"]),
+        helper.make_node("Add", ["dense", "x"], ["residual"]),
+        helper.make_node("LayerNormalization", ["residual", "gamma", "beta"], ["y"], axis=-1),
+    ]
+    inits = [
+        const("heads", np.array([2, d // 2], np.int64)),
+        const("width", np.array([d], np.int64)),
+        const("w", RNG.standard_normal((d, d)).astype(np.float32)),
+        const("gamma", np.ones(d, np.float32)),
+        const("beta", np.zeros(d, np.float32)),
+    ]
+    return make_model(nodes, [f32("x", ["B", "S", d])], [f32("y", ["B", "S", d])], inits)
+
+
+def test_inferred_shapes_do_not_make_onnxruntime_fuse_skip_layernorm(tmp_path: Path) -> None:
+    # onnxruntime fuses Add + LayerNormalization into SkipLayerNormalization when it knows both
+    # Add inputs have the same 3-D shape; that CPU kernel is several times slower than the
+    # two ops. Shapes Kiln's inference found (through the computed Reshape) must not leak.
+    model = residual_layernorm_model()
+    assert "SkipLayerNormalization" not in ort_optimized_op_types(model, tmp_path)
+    out, _ = optimize_model(model)
+    assert "SkipLayerNormalization" not in ort_optimized_op_types(out, tmp_path)
+    assert list(out.graph.value_info) == []  # the source declares none
+    assert_same_outputs(model, out, B=2, S=5)
+
+
+def test_value_info_the_source_declares_is_kept() -> None:
+    model = residual_layernorm_model()
+    model.graph.value_info.append(f32("dense", ["B", "S", 8]))
+    out, _ = optimize_model(model)
+    assert [vi.name for vi in out.graph.value_info] == ["dense"]
+    kept, _ = optimize_model(model, keep_inferred_shapes=True)
+    assert len(kept.graph.value_info) > 5

@@ -228,7 +228,10 @@ def _prepare(
     from services.passes.pipeline import default_passes, optimize_model
 
     passes = [FixInputShapes(fixed), FoldConstantOfShape(), *default_passes()] if fixed else []
-    prepared, report = optimize_model(model, [*passes, FuseErfGelu(), ConstantOperandLast(), NameNodes()])
+    # onnx2tf reads the shapes the passes inferred (it was built against that input).
+    prepared, report = optimize_model(
+        model, [*passes, FuseErfGelu(), ConstantOperandLast(), NameNodes()], keep_inferred_shapes=True
+    )
     return prepared, [r.to_dict() for r in report.passes]
 
 
