@@ -26,12 +26,13 @@ from services.passes import (
     PassResult,
     default_passes,
     optimize_model,
+    speed,
 )
 from services.passes.elimination import CommonSubexpressions, DeadCode, EliminateNoOps, IdentityElimination
 from services.passes.folding import ConstantFolding, ShapeInference
 from services.passes.fusion import FuseBatchNorm, FuseConvAffine, FuseMatMulAddToGemm, FusePadIntoConv
 from services.passes.slices import MergeSlicesIntoSplit
-from services.passes.step import run_optimize_step
+from services.passes.step import run_optimize_step, speed_guard
 from services.passes.verify import compare_arrays, ort_session
 from services.pipeline.context import StepContext
 from services.spec import CompileSpec
@@ -642,3 +643,59 @@ def test_value_info_the_source_declares_is_kept() -> None:
     assert [vi.name for vi in out.graph.value_info] == ["dense"]
     kept, _ = optimize_model(model, keep_inferred_shapes=True)
     assert len(kept.graph.value_info) > 5
+
+
+# --- the speed guard ----------------------------------------------------------------------
+
+
+def test_speed_guard_keeps_the_source_only_when_the_optimised_model_loses_every_round() -> None:
+    source = [1.0e-3, 1.1e-3, 0.9e-3, 1.0e-3, 1.0e-3]
+    slower = speed.decide(source, [t * 1.2 for t in source])
+    assert slower.kept == "source" and slower.ratio == pytest.approx(1.2) and slower.rounds == 5
+    assert "source model is kept" in slower.reason
+    faster = speed.decide(source, [t * 0.8 for t in source])
+    assert faster.kept == "optimised" and faster.ratio == pytest.approx(0.8)
+    # Within the margin: noise, not a slowdown.
+    assert speed.decide(source, [t * 1.03 for t in source]).kept == "optimised"
+    # Slower by the median but faster in one round: not measurably slower.
+    mixed = [t * r for t, r in zip(source, [1.3, 1.3, 1.3, 1.3, 0.95], strict=True)]
+    verdict = speed.decide(source, mixed)
+    assert verdict.kept == "optimised" and verdict.ratio_min == pytest.approx(0.95)
+    body = slower.to_dict()
+    assert body["engine"] == "onnxruntime" and body["source_ms"] == 1.0 and body["optimised_ms"] == 1.2
+    with pytest.raises(ValueError):
+        speed.decide([1.0], [1.0, 2.0])
+
+
+def test_the_optimize_step_records_the_speed_guard(tmp_path: Path, transformer_onnx: Path) -> None:
+    art = run_optimize_step(step_context(tmp_path, transformer_onnx))
+    guard = art.meta["speed_guard"]
+    assert guard["checked"] is True and guard["engine"] == "onnxruntime"
+    assert guard["kept"] in ("optimised", "source") and guard["rounds"] == speed.ROUNDS
+    assert guard["source_ms"] > 0 and guard["optimised_ms"] > 0
+    assert guard["ratio_min"] <= guard["ratio"] <= guard["ratio_max"]
+    kept_nodes = len(onnx.load(str(art.path)).graph.node)
+    assert kept_nodes == (art.meta["nodes_after"] if guard["kept"] == "optimised" else art.meta["nodes_before"])
+
+
+def test_the_optimize_step_keeps_the_source_when_it_runs_faster(
+    tmp_path: Path, transformer_onnx: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Provoke the fault the guard exists for: the optimised model timed 1.5x slower.
+    def timed_slower(source: Any, optimised: Any, feed: Any, **_: Any) -> tuple[list[float], list[float]]:
+        return [1e-3] * speed.ROUNDS, [1.5e-3] * speed.ROUNDS
+
+    monkeypatch.setattr(speed, "time_interleaved", timed_slower)
+    art = run_optimize_step(step_context(tmp_path, transformer_onnx))
+    guard = art.meta["speed_guard"]
+    assert guard["kept"] == "source" and guard["ratio"] == 1.5
+    source = onnx.load(str(transformer_onnx))
+    kept = onnx.load(str(art.path))
+    assert op_types(kept) == op_types(source)
+    assert art.meta["nodes_after"] == art.meta["nodes_before"] == len(source.graph.node)
+    assert_same_outputs(source, kept, batch=2)
+
+
+def test_the_speed_guard_does_not_time_a_model_that_does_not_run() -> None:
+    keep_source, guard = speed_guard(conv_bn_model(), conv_bn_model(), None)
+    assert keep_source is False and guard["checked"] is False and "no inputs" in guard["reason"]
