@@ -699,3 +699,80 @@ def test_the_optimize_step_keeps_the_source_when_it_runs_faster(
 def test_the_speed_guard_does_not_time_a_model_that_does_not_run() -> None:
     keep_source, guard = speed_guard(conv_bn_model(), conv_bn_model(), None)
     assert keep_source is False and guard["checked"] is False and "no inputs" in guard["reason"]
+
+
+# --- TorchScript's expand: Where(Equal(shape, -1), 1, shape) ------------------------------------
+
+
+def expand_select_model(*, tail: Any = -1, vector_from_input: bool = False) -> onnx.ModelProto:
+    """``x.expand(batch, tail)`` as the TorchScript exporter writes it (Kiln's folding done by hand:
+    the -1s are ``Mul(ConstantOfShape([2]), -1)`` and the vector is flattened to [-1])."""
+    first = (
+        [helper.make_node("Identity", ["dims"], ["batch"])]
+        if vector_from_input
+        else [
+            helper.make_node("Shape", ["x"], ["shape"]),
+            helper.make_node("Gather", ["shape", "zero"], ["b0"], axis=0),
+            helper.make_node("Unsqueeze", ["b0", "axes"], ["batch"]),
+        ]
+    )
+    nodes = [
+        *first,
+        helper.make_node("Concat", ["batch", "tail"], ["sizes"], axis=0),
+        helper.make_node("Reshape", ["sizes", "flat"], ["vector"]),
+        helper.make_node("ConstantOfShape", ["two"], ["ones"], value=numpy_helper.from_array(np.array([1], np.int64))),
+        helper.make_node("Mul", ["ones", "minus_one"], ["minus_ones"]),
+        helper.make_node("Equal", ["vector", "minus_ones"], ["keep"]),
+        helper.make_node("Where", ["keep", "ones", "vector"], ["target"]),
+        helper.make_node("Expand", ["row", "target"], ["y"]),
+    ]
+    inits = [
+        const("zero", np.array(0, np.int64)),
+        const("axes", np.array([0], np.int64)),
+        const("tail", np.array([tail], np.int64)),
+        const("flat", np.array([-1], np.int64)),
+        const("two", np.array([2], np.int64)),
+        const("minus_one", np.array(-1, np.int64)),
+        const("row", RNG.standard_normal((1, 6)).astype(np.float32)),
+    ]
+    inputs = [f32("x", ["N", 3])]
+    if vector_from_input:
+        inputs.append(helper.make_tensor_value_info("dims", TensorProto.INT64, [1]))
+    return make_model(nodes, inputs, [f32("y", ["N", 6])], inits)
+
+
+def test_expand_select_over_dimensions_folds_away() -> None:
+    model = expand_select_model()
+    out, _ = optimize_model(model)
+    ops = op_types(out)
+    # One Concat of the batch dimension and the constant (the select resolved to 6 there).
+    assert "Where" not in ops and "Equal" not in ops and "ConstantOfShape" not in ops and "Reshape" not in ops
+    assert ops.count("Expand") == 1 and ops.count("Concat") == 1
+    assert_same_outputs(model, out, N=4)
+
+
+def test_expand_select_stays_when_a_piece_may_be_negative() -> None:
+    # The vector's first part is a graph input: it may hold -1, so the select must stay.
+    model = expand_select_model(vector_from_input=True)
+    out, _ = optimize_model(model)
+    assert "Where" in op_types(out)
+    feeds = {"x": np.ones((4, 3), np.float32), "dims": np.array([-1], np.int64)}
+    np.testing.assert_array_equal(run(out, feeds)[0], run(model, feeds)[0])
+    feeds["dims"] = np.array([5], np.int64)
+    np.testing.assert_array_equal(run(out, feeds)[0], run(model, feeds)[0])
+
+
+def test_small_constant_of_shape_folds_and_large_stays() -> None:
+    def model_for(n: int) -> onnx.ModelProto:
+        nodes = [
+            helper.make_node(
+                "ConstantOfShape", ["shape"], ["c"], value=numpy_helper.from_array(np.array([2.0], np.float32))
+            ),
+            helper.make_node("Add", ["x", "c"], ["y"]),
+        ]
+        return make_model(nodes, [f32("x", [n])], [f32("y", [n])], [const("shape", np.array([n], np.int64))])
+
+    small, large = model_for(4), model_for(4096)
+    assert op_types(optimize_model(small)[0]) == ["Add"]
+    assert op_types(optimize_model(large)[0]) == ["ConstantOfShape", "Add"]
+    assert_same_outputs(small, optimize_model(small)[0])

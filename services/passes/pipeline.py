@@ -32,6 +32,7 @@ from services.passes.fusion import (
     RemoveZeroBias,
 )
 from services.passes.manager import OptimizeReport, PassManager, PassRecord, pass_failure
+from services.passes.shape_vectors import FoldShapeSelects
 from services.passes.slices import MergeSlicesIntoSplit
 from services.passes.verify import OutputCheck
 
@@ -46,6 +47,8 @@ def default_passes() -> list[KilnPass]:
         ConstantFolding(),
         MaterializeReshapeShapes(),
         EliminateNoOps(),
+        # After EliminateNoOps: TorchScript flattens the vector (Reshape to [-1]) before the select.
+        FoldShapeSelects(),
         FuseBatchNorm(),
         FuseConvAffine(),
         FusePadIntoConv(),
