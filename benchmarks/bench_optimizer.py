@@ -13,6 +13,7 @@ thread, so the clock is that thread's CPU time: time spent waiting for a core th
 jobs hold is not counted (wall time otherwise).
 
     .venv/bin/python benchmarks/bench_optimizer.py [--rounds 7] [--seconds 0.3] [--threads 1] [--only NAME]
+        [--keep-inferred-shapes]
 """
 
 from __future__ import annotations
@@ -217,10 +218,14 @@ def build_models(tmp: Path) -> list[tuple[str, Callable[[], tuple[Path, Feeds]],
 # --- the three optimisers ---------------------------------------------------------------
 
 
+#: ``--keep-inferred-shapes``: Kiln's output as before issue 12's fix, for the before/after table.
+KEEP_INFERRED_SHAPES = False
+
+
 def run_kiln(model: Any, _path: Path, _tmp: Path) -> Any:
     from services.passes import optimize_model
 
-    return optimize_model(model)[0]
+    return optimize_model(model, keep_inferred_shapes=KEEP_INFERRED_SHAPES)[0]
 
 
 def run_onnxslim(model: Any, _path: Path, _tmp: Path) -> Any:
@@ -316,7 +321,14 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=0.3, help="timed seconds per variant per round")
     ap.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads")
     ap.add_argument("--only", help="substring of the model labels to run")
+    ap.add_argument(
+        "--keep-inferred-shapes",
+        action="store_true",
+        help="leave the shapes Kiln's passes inferred in its output (the behaviour before issue 12's fix)",
+    )
     args = ap.parse_args()
+    global KEEP_INFERRED_SHAPES
+    KEEP_INFERRED_SHAPES = args.keep_inferred_shapes
 
     import onnx
 
