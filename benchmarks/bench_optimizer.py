@@ -13,6 +13,7 @@ thread, so the clock is that thread's CPU time: time spent waiting for a core th
 jobs hold is not counted (wall time otherwise).
 
     .venv/bin/python benchmarks/bench_optimizer.py [--rounds 7] [--seconds 0.3] [--threads 1] [--only NAME]
+        [--keep-inferred-shapes]
 """
 
 from __future__ import annotations
@@ -135,40 +136,96 @@ def mobilenet_v2(path: Path) -> Path:
     return path
 
 
-def build_models(tmp: Path) -> list[tuple[str, Callable[[], Path], tuple[int, ...]]]:
-    """Return (label, builder, input shape) per model; builders run lazily (``--only`` skips the rest)."""
+Feeds = Callable[[int], dict[str, np.ndarray]]
+
+
+def _float_input(shape: tuple[int, ...], name: str = "input") -> Feeds:
+    """Seeded normal feeds for a model with one float input; the first axis is the batch."""
+
+    def feeds(batch: int) -> dict[str, np.ndarray]:
+        return {name: np.random.default_rng(batch).standard_normal((batch, *shape)).astype(np.float32)}
+
+    return feeds
+
+
+def _fixed(build: Callable[[], Path], shape: tuple[int, ...]) -> Callable[[], tuple[Path, Feeds]]:
+    def built() -> tuple[Path, Feeds]:
+        import onnx
+
+        path = build()
+        return path, _float_input(shape, onnx.load(str(path)).graph.input[0].name)
+
+    return built
+
+
+def build_models(tmp: Path) -> list[tuple[str, Callable[[], tuple[Path, Feeds]], tuple[int, ...]]]:
+    """Return (label, builder, batches) per model; builders run lazily (``--only`` skips the rest)."""
     import torch
     from models import export_onnx, tiny_cnn_onnx, tiny_transformer_onnx
+    from transformer_models import keras_transformer, torch_transformer
 
-    return [
-        ("tiny CNN (tests; exporter folded BN)", lambda: tiny_cnn_onnx(tmp / "cnn.onnx"), (1, 3, 32, 32)),
-        ("transformer block (tests; d=32, T=16)", lambda: tiny_transformer_onnx(tmp / "tr.onnx"), (1, 16, 32)),
+    models: list[tuple[str, Callable[[], tuple[Path, Feeds]], tuple[int, ...]]] = [
+        ("tiny CNN (tests; exporter folded BN)", _fixed(lambda: tiny_cnn_onnx(tmp / "cnn.onnx"), (3, 32, 32)), (1,)),
+        (
+            "transformer block (tests; d=32, T=16)",
+            _fixed(lambda: tiny_transformer_onnx(tmp / "tr.onnx"), (16, 32)),
+            (1,),
+        ),
         (
             "ResNet-ish, BN unfused (torch, no exporter folding; 64x64)",
-            lambda: export_unfolded(resnetish_module(), torch.randn(1, 3, 64, 64), tmp / "resnet.onnx"),
-            (1, 3, 64, 64),
+            _fixed(
+                lambda: export_unfolded(resnetish_module(), torch.randn(1, 3, 64, 64), tmp / "resnet.onnx"),
+                (3, 64, 64),
+            ),
+            (1,),
         ),
         (
             "4-block encoder (torch dynamo exporter, optimize=False; d=128, T=64)",
-            lambda: export_dynamo(encoder_stack_module(), torch.randn(2, 64, 128), tmp / "enc_dyn.onnx"),
-            (1, 64, 128),
+            _fixed(
+                lambda: export_dynamo(encoder_stack_module(), torch.randn(2, 64, 128), tmp / "enc_dyn.onnx"),
+                (64, 128),
+            ),
+            (1,),
         ),
         (
             "4-block encoder (torch; d=128, T=64)",
-            lambda: export_onnx(encoder_stack_module(), torch.randn(1, 64, 128), tmp / "enc.onnx"),
-            (1, 64, 128),
+            _fixed(lambda: export_onnx(encoder_stack_module(), torch.randn(1, 64, 128), tmp / "enc.onnx"), (64, 128)),
+            (1,),
         ),
-        ("MobileNetV2 0.35 (keras -> tf2onnx; 96x96)", lambda: mobilenet_v2(tmp / "mnv2.onnx"), (1, 96, 96, 3)),
+        (
+            "MobileNetV2 0.35 (keras -> tf2onnx; 96x96)",
+            _fixed(lambda: mobilenet_v2(tmp / "mnv2.onnx"), (96, 96, 3)),
+            (1,),
+        ),
     ]
+    # Issue 12's transformer set: three architectures, three exporters, batch 1 and 8.
+    names = {"bert": "BERT", "gpt2": "GPT-2", "vit": "ViT"}
+    for kind, name in names.items():
+        for exporter in ("torchscript", "dynamo"):
+            models.append(
+                (
+                    f"{name} (transformers, torch {exporter})",
+                    lambda k=kind, e=exporter: torch_transformer(k, e, tmp / f"{k}_{e}.onnx"),
+                    (1, 8),
+                )
+            )
+        models.append(
+            (f"{name}-class Keras (tf2onnx)", lambda k=kind: keras_transformer(k, tmp / f"{k}_keras.onnx"), (1, 8))
+        )
+    return models
 
 
 # --- the three optimisers ---------------------------------------------------------------
 
 
+#: ``--keep-inferred-shapes``: Kiln's output as before issue 12's fix, for the before/after table.
+KEEP_INFERRED_SHAPES = False
+
+
 def run_kiln(model: Any, _path: Path, _tmp: Path) -> Any:
     from services.passes import optimize_model
 
-    return optimize_model(model)[0]
+    return optimize_model(model, keep_inferred_shapes=KEEP_INFERRED_SHAPES)[0]
 
 
 def run_onnxslim(model: Any, _path: Path, _tmp: Path) -> Any:
@@ -241,12 +298,12 @@ def worst_relative_diff(a: Any, b: Any, feeds: list[dict[str, np.ndarray]]) -> f
 
 
 def time_once(v: Variant, feed: dict[str, np.ndarray], seconds: float, clock: Callable[[], float]) -> float:
-    """Return the median latency (ms, by ``clock``) of as many runs as fit in ``seconds`` (at least 20)."""
-    for _ in range(3):
+    """Return the median latency (ms, by ``clock``) of as many runs as fit in ``seconds`` (at least 5)."""
+    for _ in range(2):
         v.session.run(None, feed)
     times = []
     start = time.perf_counter()
-    while len(times) < 20 or time.perf_counter() - start < seconds:
+    while len(times) < 5 or time.perf_counter() - start < seconds:
         t0 = clock()
         v.session.run(None, feed)
         times.append(clock() - t0)
@@ -264,7 +321,14 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=0.3, help="timed seconds per variant per round")
     ap.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads")
     ap.add_argument("--only", help="substring of the model labels to run")
+    ap.add_argument(
+        "--keep-inferred-shapes",
+        action="store_true",
+        help="leave the shapes Kiln's passes inferred in its output (the behaviour before issue 12's fix)",
+    )
     args = ap.parse_args()
+    global KEEP_INFERRED_SHAPES
+    KEEP_INFERRED_SHAPES = args.keep_inferred_shapes
 
     import onnx
 
@@ -276,22 +340,20 @@ def main() -> None:
         "|---|---:|---:|---:|---:|---|---|",
     ]
     latency_table = [
-        f"| model | original p50 ms ({clock_name}) | Kiln / original | onnxslim / original | ORT basic / original "
-        f"| Kiln / onnxslim | Kiln / ORT basic |",
-        "|---|---:|---|---|---|---|---|",
+        f"| model | batch | original p50 ms ({clock_name}) | Kiln / original | onnxslim / original "
+        f"| ORT basic / original | Kiln / onnxslim | Kiln / ORT basic |",
+        "|---|---:|---:|---|---|---|---|---|",
     ]
     warmed = False
     with tempfile.TemporaryDirectory(prefix="kiln-bench-opt-") as tmpdir:
         tmp = Path(tmpdir)
-        for label, build, shape in build_models(tmp):
+        for label, build, batches in build_models(tmp):
             if args.only and args.only not in label:
                 continue
             print(f"... {label}", file=sys.stderr)
-            path = build()
+            path, feeds = build()
             original = onnx.load(str(path))
-            rng = np.random.default_rng(0)
-            feed = {original.graph.input[0].name: rng.standard_normal(shape).astype(np.float32)}
-            check_feeds = [feed, {k: rng.standard_normal(shape).astype(np.float32) for k in feed}]
+            check_feeds = [feeds(b) for b in sorted({*batches, 2})]
             variants = [Variant("original", original, node_count(original)[0])]
             counts, times, diffs = [], [], []
             if not warmed:  # imports and one-off pattern compilation are not per-model costs
@@ -315,14 +377,19 @@ def main() -> None:
             )
             for v in variants:
                 v.session = session(v.model, args.threads)
-            for r in range(args.rounds):
-                for v in variants if r % 2 == 0 else list(reversed(variants)):
-                    v.rounds.append(time_once(v, feed, args.seconds, clock))
-            base, kiln, slim, ort_basic = variants
-            latency_table.append(
-                f"| {label} | {statistics.median(base.rounds):.3f} | {ratio(kiln, base)} | {ratio(slim, base)} "
-                f"| {ratio(ort_basic, base)} | {ratio(kiln, slim)} | {ratio(kiln, ort_basic)} |"
-            )
+            for batch in batches:
+                feed = feeds(batch)
+                for v in variants:
+                    v.rounds = []
+                for r in range(args.rounds):
+                    for v in variants if r % 2 == 0 else list(reversed(variants)):
+                        v.rounds.append(time_once(v, feed, args.seconds, clock))
+                base, kiln, slim, ort_basic = variants
+                latency_table.append(
+                    f"| {label} | {batch} | {statistics.median(base.rounds):.3f} | {ratio(kiln, base)} "
+                    f"| {ratio(slim, base)} | {ratio(ort_basic, base)} | {ratio(kiln, slim)} | {ratio(kiln, ort_basic)} |"
+                )
+                print(latency_table[-1], file=sys.stderr)
     print(f"Kiln ONNX optimiser benchmark — {time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} CPUs")
     print("\nNode counts (in parentheses: without Constant nodes), optimiser time, agreement with the original:\n")
     print("\n".join(nodes_table))

@@ -18,6 +18,7 @@ HERE = Path(__file__).resolve().parent
 #: In the order docs/benchmarks.md reports them.
 SCRIPTS = (
     "bench_optimizer.py",
+    "bench_skip_layernorm.py",
     "bench_openvino.py",
     "bench_tflite.py",
     "bench_torch_sources.py",

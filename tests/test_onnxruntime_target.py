@@ -64,6 +64,8 @@ def test_onnxruntime_precisions(model_fixture: str, precision: str, request, sto
     assert manifest["benchmark"][0]["p50_ms"] > 0 and manifest["benchmark"][0]["iterations"] == 5
     assert [s["step"] for s in manifest["steps"]] == ["reference", "optimize", "export:onnxruntime"]
     assert manifest["passes"], "the optimizer's per-pass record reaches the manifest"
+    guard = manifest["speed_guard"]  # the optimize step timed its output against its input
+    assert guard["checked"] is True and guard["kept"] in ("optimised", "source") and guard["source_ms"] > 0
     if precision == "int8":
         assert "generated samples" in manifest["engine_details"]["int8"]["calibration_data"]
 

@@ -26,12 +26,13 @@ from services.passes import (
     PassResult,
     default_passes,
     optimize_model,
+    speed,
 )
 from services.passes.elimination import CommonSubexpressions, DeadCode, EliminateNoOps, IdentityElimination
 from services.passes.folding import ConstantFolding, ShapeInference
 from services.passes.fusion import FuseBatchNorm, FuseConvAffine, FuseMatMulAddToGemm, FusePadIntoConv
 from services.passes.slices import MergeSlicesIntoSplit
-from services.passes.step import run_optimize_step
+from services.passes.step import run_optimize_step, speed_guard
 from services.passes.verify import compare_arrays, ort_session
 from services.pipeline.context import StepContext
 from services.spec import CompileSpec
@@ -581,3 +582,197 @@ def test_optimize_step_on_the_cnn(tmp_path: Path, cnn_onnx: Path) -> None:
     assert art.meta["verification"]["checked"] is True
     assert art.meta["nodes_after"] <= art.meta["nodes_before"]
     assert_same_outputs(onnx.load(str(cnn_onnx)), onnx.load(str(art.path)), batch=2)
+
+
+# --- what onnxruntime sees after the optimiser (issue 12) -------------------------------
+
+
+def ort_optimized_op_types(model: onnx.ModelProto, tmp_path: Path) -> list[str]:
+    """Return the op types of ``model`` after onnxruntime's own load-time rewrites (ORT_ENABLE_ALL)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.optimized_model_filepath = str(tmp_path / "ort_optimized.onnx")
+    opts.log_severity_level = 3
+    ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return op_types(onnx.load(opts.optimized_model_filepath))
+
+
+def residual_layernorm_model(d: int = 8) -> onnx.ModelProto:
+    """BERT's attention output: heads merged back by a Reshape to a computed shape, a dense
+    layer, the residual Add and LayerNormalization; batch and sequence dynamic."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["bs"], start=0, end=2),
+        helper.make_node("Concat", ["bs", "heads"], ["split_shape"], axis=0),
+        helper.make_node("Reshape", ["x", "split_shape"], ["split"]),
+        helper.make_node("Transpose", ["split"], ["per_head"], perm=[0, 2, 1, 3]),
+        helper.make_node("Relu", ["per_head"], ["act"]),
+        helper.make_node("Transpose", ["act"], ["back"], perm=[0, 2, 1, 3]),
+        helper.make_node("Concat", ["bs", "width"], ["merge_shape"], axis=0),
+        helper.make_node("Reshape", ["back", "merge_shape"], ["merged"]),
+        helper.make_node("MatMul", ["merged", "w"], ["dense"]),
+        helper.make_node("Add", ["dense", "x"], ["residual"]),
+        helper.make_node("LayerNormalization", ["residual", "gamma", "beta"], ["y"], axis=-1),
+    ]
+    inits = [
+        const("heads", np.array([2, d // 2], np.int64)),
+        const("width", np.array([d], np.int64)),
+        const("w", RNG.standard_normal((d, d)).astype(np.float32)),
+        const("gamma", np.ones(d, np.float32)),
+        const("beta", np.zeros(d, np.float32)),
+    ]
+    return make_model(nodes, [f32("x", ["B", "S", d])], [f32("y", ["B", "S", d])], inits)
+
+
+def test_inferred_shapes_do_not_make_onnxruntime_fuse_skip_layernorm(tmp_path: Path) -> None:
+    # onnxruntime fuses Add + LayerNormalization into SkipLayerNormalization when it knows both
+    # Add inputs have the same 3-D shape; that CPU kernel is several times slower than the
+    # two ops. Shapes Kiln's inference found (through the computed Reshape) must not leak.
+    model = residual_layernorm_model()
+    assert "SkipLayerNormalization" not in ort_optimized_op_types(model, tmp_path)
+    out, _ = optimize_model(model)
+    assert "SkipLayerNormalization" not in ort_optimized_op_types(out, tmp_path)
+    assert list(out.graph.value_info) == []  # the source declares none
+    assert_same_outputs(model, out, B=2, S=5)
+
+
+def test_value_info_the_source_declares_is_kept() -> None:
+    model = residual_layernorm_model()
+    model.graph.value_info.append(f32("dense", ["B", "S", 8]))
+    out, _ = optimize_model(model)
+    assert [vi.name for vi in out.graph.value_info] == ["dense"]
+    kept, _ = optimize_model(model, keep_inferred_shapes=True)
+    assert len(kept.graph.value_info) > 5
+
+
+# --- the speed guard ----------------------------------------------------------------------
+
+
+def test_speed_guard_keeps_the_source_only_when_the_optimised_model_loses_every_round() -> None:
+    source = [1.0e-3, 1.1e-3, 0.9e-3, 1.0e-3, 1.0e-3]
+    slower = speed.decide(source, [t * 1.2 for t in source])
+    assert slower.kept == "source" and slower.ratio == pytest.approx(1.2) and slower.rounds == 5
+    assert "source model is kept" in slower.reason
+    faster = speed.decide(source, [t * 0.8 for t in source])
+    assert faster.kept == "optimised" and faster.ratio == pytest.approx(0.8)
+    # Within the margin: noise, not a slowdown.
+    assert speed.decide(source, [t * 1.03 for t in source]).kept == "optimised"
+    # Slower by the median but faster in one round: not measurably slower.
+    mixed = [t * r for t, r in zip(source, [1.3, 1.3, 1.3, 1.3, 0.95], strict=True)]
+    verdict = speed.decide(source, mixed)
+    assert verdict.kept == "optimised" and verdict.ratio_min == pytest.approx(0.95)
+    body = slower.to_dict()
+    assert body["engine"] == "onnxruntime" and body["source_ms"] == 1.0 and body["optimised_ms"] == 1.2
+    with pytest.raises(ValueError):
+        speed.decide([1.0], [1.0, 2.0])
+
+
+def test_the_optimize_step_records_the_speed_guard(tmp_path: Path, transformer_onnx: Path) -> None:
+    art = run_optimize_step(step_context(tmp_path, transformer_onnx))
+    guard = art.meta["speed_guard"]
+    assert guard["checked"] is True and guard["engine"] == "onnxruntime"
+    assert guard["kept"] in ("optimised", "source") and guard["rounds"] == speed.ROUNDS
+    assert guard["source_ms"] > 0 and guard["optimised_ms"] > 0
+    assert guard["ratio_min"] <= guard["ratio"] <= guard["ratio_max"]
+    kept_nodes = len(onnx.load(str(art.path)).graph.node)
+    assert kept_nodes == (art.meta["nodes_after"] if guard["kept"] == "optimised" else art.meta["nodes_before"])
+
+
+def test_the_optimize_step_keeps_the_source_when_it_runs_faster(
+    tmp_path: Path, transformer_onnx: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Provoke the fault the guard exists for: the optimised model timed 1.5x slower.
+    def timed_slower(source: Any, optimised: Any, feed: Any, **_: Any) -> tuple[list[float], list[float]]:
+        return [1e-3] * speed.ROUNDS, [1.5e-3] * speed.ROUNDS
+
+    monkeypatch.setattr(speed, "time_interleaved", timed_slower)
+    art = run_optimize_step(step_context(tmp_path, transformer_onnx))
+    guard = art.meta["speed_guard"]
+    assert guard["kept"] == "source" and guard["ratio"] == 1.5
+    source = onnx.load(str(transformer_onnx))
+    kept = onnx.load(str(art.path))
+    assert op_types(kept) == op_types(source)
+    assert art.meta["nodes_after"] == art.meta["nodes_before"] == len(source.graph.node)
+    assert_same_outputs(source, kept, batch=2)
+
+
+def test_the_speed_guard_does_not_time_a_model_that_does_not_run() -> None:
+    keep_source, guard = speed_guard(conv_bn_model(), conv_bn_model(), None)
+    assert keep_source is False and guard["checked"] is False and "no inputs" in guard["reason"]
+
+
+# --- TorchScript's expand: Where(Equal(shape, -1), 1, shape) ------------------------------------
+
+
+def expand_select_model(*, tail: Any = -1, vector_from_input: bool = False) -> onnx.ModelProto:
+    """``x.expand(batch, tail)`` as the TorchScript exporter writes it (Kiln's folding done by hand:
+    the -1s are ``Mul(ConstantOfShape([2]), -1)`` and the vector is flattened to [-1])."""
+    first = (
+        [helper.make_node("Identity", ["dims"], ["batch"])]
+        if vector_from_input
+        else [
+            helper.make_node("Shape", ["x"], ["shape"]),
+            helper.make_node("Gather", ["shape", "zero"], ["b0"], axis=0),
+            helper.make_node("Unsqueeze", ["b0", "axes"], ["batch"]),
+        ]
+    )
+    nodes = [
+        *first,
+        helper.make_node("Concat", ["batch", "tail"], ["sizes"], axis=0),
+        helper.make_node("Reshape", ["sizes", "flat"], ["vector"]),
+        helper.make_node("ConstantOfShape", ["two"], ["ones"], value=numpy_helper.from_array(np.array([1], np.int64))),
+        helper.make_node("Mul", ["ones", "minus_one"], ["minus_ones"]),
+        helper.make_node("Equal", ["vector", "minus_ones"], ["keep"]),
+        helper.make_node("Where", ["keep", "ones", "vector"], ["target"]),
+        helper.make_node("Expand", ["row", "target"], ["y"]),
+    ]
+    inits = [
+        const("zero", np.array(0, np.int64)),
+        const("axes", np.array([0], np.int64)),
+        const("tail", np.array([tail], np.int64)),
+        const("flat", np.array([-1], np.int64)),
+        const("two", np.array([2], np.int64)),
+        const("minus_one", np.array(-1, np.int64)),
+        const("row", RNG.standard_normal((1, 6)).astype(np.float32)),
+    ]
+    inputs = [f32("x", ["N", 3])]
+    if vector_from_input:
+        inputs.append(helper.make_tensor_value_info("dims", TensorProto.INT64, [1]))
+    return make_model(nodes, inputs, [f32("y", ["N", 6])], inits)
+
+
+def test_expand_select_over_dimensions_folds_away() -> None:
+    model = expand_select_model()
+    out, _ = optimize_model(model)
+    ops = op_types(out)
+    # One Concat of the batch dimension and the constant (the select resolved to 6 there).
+    assert "Where" not in ops and "Equal" not in ops and "ConstantOfShape" not in ops and "Reshape" not in ops
+    assert ops.count("Expand") == 1 and ops.count("Concat") == 1
+    assert_same_outputs(model, out, N=4)
+
+
+def test_expand_select_stays_when_a_piece_may_be_negative() -> None:
+    # The vector's first part is a graph input: it may hold -1, so the select must stay.
+    model = expand_select_model(vector_from_input=True)
+    out, _ = optimize_model(model)
+    assert "Where" in op_types(out)
+    feeds = {"x": np.ones((4, 3), np.float32), "dims": np.array([-1], np.int64)}
+    np.testing.assert_array_equal(run(out, feeds)[0], run(model, feeds)[0])
+    feeds["dims"] = np.array([5], np.int64)
+    np.testing.assert_array_equal(run(out, feeds)[0], run(model, feeds)[0])
+
+
+def test_small_constant_of_shape_folds_and_large_stays() -> None:
+    def model_for(n: int) -> onnx.ModelProto:
+        nodes = [
+            helper.make_node(
+                "ConstantOfShape", ["shape"], ["c"], value=numpy_helper.from_array(np.array([2.0], np.float32))
+            ),
+            helper.make_node("Add", ["x", "c"], ["y"]),
+        ]
+        return make_model(nodes, [f32("x", [n])], [f32("y", [n])], [const("shape", np.array([n], np.int64))])
+
+    small, large = model_for(4), model_for(4096)
+    assert op_types(optimize_model(small)[0]) == ["Add"]
+    assert op_types(optimize_model(large)[0]) == ["ConstantOfShape", "Add"]
+    assert_same_outputs(small, optimize_model(small)[0])

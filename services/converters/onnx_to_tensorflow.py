@@ -225,10 +225,15 @@ def _prepare(
     off: shape inference and folding are what turn the pinned shapes into constants, and
     the records say they ran.
     """
+    from services.passes.folding import ShapeInference
     from services.passes.pipeline import default_passes, optimize_model
 
-    passes = [FixInputShapes(fixed), FoldConstantOfShape(), *default_passes()] if fixed else []
-    prepared, report = optimize_model(model, [*passes, FuseErfGelu(), ConstantOperandLast(), NameNodes()])
+    # onnx2tf needs the intermediate shapes (a dynamic batch fails without them), which the
+    # optimiser's output leaves out for onnxruntime's sake (issue 12): infer them again.
+    passes = [FixInputShapes(fixed), FoldConstantOfShape(), *default_passes()] if fixed else [ShapeInference()]
+    prepared, report = optimize_model(
+        model, [*passes, FuseErfGelu(), ConstantOperandLast(), NameNodes()], keep_inferred_shapes=True
+    )
     return prepared, [r.to_dict() for r in report.passes]
 
 

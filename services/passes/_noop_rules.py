@@ -91,9 +91,32 @@ class DivOne(_BinaryNoOp):
     neutral = 1.0
 
 
+class FlattenVector(RewriteRuleClassBase):
+    """``Reshape(v, [-1])`` of a 1-D ``v`` is ``v``.
+
+    Written here because onnxscript has no rule for it, and TorchScript exports write one
+    after every shape vector they assemble with Concat (``expand``'s target shape).
+    """
+
+    def pattern(self, op: Any, x: Any, shape: Any) -> Any:
+        return op.Reshape(x, shape, _allow_other_attributes=True)
+
+    def check(self, context: Any, x: ir.Value, shape: ir.Value) -> MatchResult:
+        result = MatchResult()
+        target = constant_array(shape)
+        if target is None or target.reshape(-1).tolist() != [-1]:
+            return result.fail("target shape is not [-1]")
+        if x.shape is None or x.shape.rank() != 1:
+            return result.fail("input is not known to be 1-D")
+        return result
+
+    def rewrite(self, op: Any, x: ir.Value, shape: ir.Value) -> Any:
+        return op.Identity(x)
+
+
 def guarded_no_op_rules() -> list[Any]:
-    """Return the x+0, x-0, x*1, x/1 rules (a commuting rule set also matches 0+x and 1*x)."""
-    return [AddZero.rule(), SubZero.rule(), MulOne.rule(), DivOne.rule()]
+    """Return the x+0, x-0, x*1, x/1 rules (a commuting rule set also matches 0+x and 1*x) and 1-D flattening."""
+    return [AddZero.rule(), SubZero.rule(), MulOne.rule(), DivOne.rule(), FlattenVector.rule()]
 
 
 #: Types every float32 holds exactly, so casting through float32 rounds nothing.

@@ -120,6 +120,7 @@ class ConstantFolding(KilnPass):
         for _ in range(self.max_rounds):
             folder = GuardedFolder(
                 shape_inference=True,
+                should_fold=_fold_small_constant_of_shape,
                 input_size_limit=DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT,
                 output_size_limit=DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT,
             )
@@ -132,6 +133,23 @@ class ConstantFolding(KilnPass):
             modified = True
         _drop_folding_notes(model)
         return PassResult(model, modified)
+
+
+#: ConstantOfShape outputs up to this many elements are folded; onnxscript keeps every
+#: ConstantOfShape (its output can be far larger than its input), but the small ones build
+#: shape vectors (TorchScript's ``expand``: ``Where(Equal(shape, -1 * ones), ones, shape)``)
+#: and folding them lets that whole chain fold.
+SMALL_CONSTANT_OF_SHAPE = 64
+
+
+def _fold_small_constant_of_shape(node: ir.Node) -> bool | None:
+    """Return True for a ConstantOfShape with a small constant shape; None leaves it to onnxscript."""
+    if node.op_type != "ConstantOfShape" or node.domain not in ("", "ai.onnx") or not node.inputs:
+        return None
+    shape = constant_array(node.inputs[0])
+    if shape is None or shape.ndim != 1 or (shape < 0).any() or int(np.prod(shape)) > SMALL_CONSTANT_OF_SHAPE:
+        return None
+    return True
 
 
 #: onnxscript folds these sequence ops into Split/Squeeze/Unsqueeze with their opset-13

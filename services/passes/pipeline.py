@@ -32,10 +32,11 @@ from services.passes.fusion import (
     RemoveZeroBias,
 )
 from services.passes.manager import OptimizeReport, PassManager, PassRecord, pass_failure
+from services.passes.shape_vectors import FoldShapeSelects
 from services.passes.slices import MergeSlicesIntoSplit
 from services.passes.verify import OutputCheck
 
-__all__ = ["default_passes", "optimize_model"]
+__all__ = ["default_passes", "drop_inferred_value_info", "optimize_model"]
 
 
 def default_passes() -> list[KilnPass]:
@@ -46,6 +47,8 @@ def default_passes() -> list[KilnPass]:
         ConstantFolding(),
         MaterializeReshapeShapes(),
         EliminateNoOps(),
+        # After EliminateNoOps: TorchScript flattens the vector (Reshape to [-1]) before the select.
+        FoldShapeSelects(),
         FuseBatchNorm(),
         FuseConvAffine(),
         FusePadIntoConv(),
@@ -106,11 +109,50 @@ def _replay_with_reverts(
     return ir.serde.serialize_model(model), records
 
 
+def _declared_value_info(model: onnx.ModelProto) -> set[str]:
+    """Return the names of the intermediate values ``model`` itself annotates (value_info), subgraphs included."""
+    names: set[str] = set()
+    for graph in _graphs(model.graph):
+        names.update(vi.name for vi in graph.value_info)
+    return names
+
+
+def _graphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
+    found = [graph]
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
+                found.extend(_graphs(sub))
+    return found
+
+
+def drop_inferred_value_info(result: onnx.ModelProto, source: onnx.ModelProto) -> int:
+    """Remove from ``result`` the value_info the source did not declare; return how many were removed.
+
+    Shape inference annotates every intermediate value so that the passes can match on
+    ranks and dims; those annotations are the passes' working state, not part of the
+    model. Left in, they tell onnxruntime shapes it cannot infer itself (data-propagated
+    Reshape outputs), and its load-time SkipLayerNormFusion then turns Add + LayerNormalization
+    into SkipLayerNormalization, whose CPU kernel is a scalar loop 5-8x slower than the two
+    ops it replaces (onnxruntime 1.32; issue 12: BERT 1.10x slower than its source).
+    """
+    declared = _declared_value_info(source)
+    removed = 0
+    for graph in _graphs(result.graph):
+        keep = [vi for vi in graph.value_info if vi.name in declared]
+        removed += len(graph.value_info) - len(keep)
+        if len(keep) != len(graph.value_info):
+            del graph.value_info[:]
+            graph.value_info.extend(keep)
+    return removed
+
+
 def optimize_model(
     model: onnx.ModelProto,
     passes: Sequence[KilnPass] | None = None,
     *,
     check: OutputCheck | None = None,
+    keep_inferred_shapes: bool = False,
 ) -> tuple[onnx.ModelProto, OptimizeReport]:
     """Return the optimised copy of ``model`` and what each pass did; ``model`` is not modified.
 
@@ -118,7 +160,9 @@ def optimize_model(
     some feeds), the result is run in onnxruntime; if it disagrees, the passes are replayed
     one by one and each pass that changes the outputs is undone and reported as reverted.
     A failing pass, or a result onnx.checker rejects when the input passed it, raises
-    CONVERSION_FAILED naming the pass and the passes before it.
+    CONVERSION_FAILED naming the pass and the passes before it. The shapes the passes
+    inferred for intermediate values are dropped from the result unless
+    ``keep_inferred_shapes`` (see :func:`drop_inferred_value_info`).
     """
     manager = PassManager(default_passes() if passes is None else passes)
     started = time.perf_counter()
@@ -145,6 +189,8 @@ def optimize_model(
                 result.CopyFrom(model)
                 for r in records:
                     r.reverted, r.nodes_after = True, r.nodes_before
+    if not keep_inferred_shapes:
+        drop_inferred_value_info(result, model)
     nodes_after = records[-1].nodes_after if records else nodes_before
     report = OptimizeReport(records, nodes_before, nodes_after, time.perf_counter() - started, verification)
     return result, report

@@ -13,14 +13,17 @@ __all__ = ["build_manifest", "run_publish_step"]
 
 
 def build_manifest(ctx: StepContext, exported: Artifact) -> dict[str, Any]:
-    """Return the provenance manifest: source, route, passes, tools, precision, parity, benchmark."""
+    """Return the provenance manifest: source, route, passes, speed guard, tools, precision, parity, benchmark."""
     meta = exported.meta
     lineage: list[dict[str, Any]] = meta.get("lineage", [])
     tools: dict[str, str] = {}
     passes: list[dict[str, Any]] = []
+    speed_guard: dict[str, Any] | None = None
     for rec in lineage:
         tools.update(rec.get("tool_versions", {}))
         passes.extend(rec.get("report", {}).get("passes", []))
+        # The optimize step's timing of its output against its input, and which it kept.
+        speed_guard = rec.get("report", {}).get("speed_guard", speed_guard)
     return {
         "kiln_manifest": 1,
         "job_id": ctx.job_id,
@@ -38,6 +41,7 @@ def build_manifest(ctx: StepContext, exported: Artifact) -> dict[str, Any]:
             {k: rec.get(k) for k in ("step", "kind", "tool", "engine", "seconds", "tool_versions")} for rec in lineage
         ],
         "passes": passes,
+        "speed_guard": speed_guard,
         "tool_versions": tools,
         "io": meta.get("io"),
         "parity": meta.get("parity"),
