@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,8 +20,13 @@ import pytest
 __all__ = ["SCREENSHOTS", "chromium_path", "launch_chromium", "screenshot"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-#: Where the tests write the README's screenshots.
-SCREENSHOTS = REPO_ROOT / "docs" / "dashboard"
+#: Where the tests write their screenshots: the README's (docs/dashboard) when
+#: KILN_UPDATE_SCREENSHOTS=1, else a scratch folder, so `make test` leaves the checkout clean.
+SCREENSHOTS = (
+    REPO_ROOT / "docs" / "dashboard"
+    if os.environ.get("KILN_UPDATE_SCREENSHOTS") == "1"
+    else Path(tempfile.gettempdir()) / "kiln-dashboard-screenshots"
+)
 
 
 def chromium_path() -> str:
@@ -46,7 +52,7 @@ def launch_chromium() -> Iterator[Any]:
 
 
 def screenshot(page: Any, name: str) -> Path:
-    """Save a full-page screenshot as docs/dashboard/<name>.png; return its path."""
+    """Save a full-page screenshot as <SCREENSHOTS>/<name>.png; return its path."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     path = SCREENSHOTS / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
