@@ -146,7 +146,8 @@ def test_submit_by_keyboard_goes_live_queued_running_succeeded(service: Service,
     expect(preview).to_contain_text("onnxruntime: onnx → optimize ⇒ onnxruntime")
     _tab_to(page, "#advanced")
     # A longer benchmark than the other jobs', so `running` lasts long enough to be seen.
-    spec = {"name": "tiny-fp32", **FAST, "benchmark": {"batch_sizes": [1, 2], "iterations": 1000, "warmup": 1}}
+    # 20000 runs at two batch sizes keep the export step running for a second or more on an idle machine.
+    spec = {"name": "tiny-fp32", **FAST, "benchmark": {"batch_sizes": [1, 2], "iterations": 20_000, "warmup": 1}}
     page.keyboard.type(json.dumps(spec))
     _tab_to(page, "#submit-button")
     screenshot(page, "submit")

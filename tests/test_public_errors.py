@@ -72,7 +72,10 @@ def _child_error(settings: Settings, cnn_onnx: Path, entry: str, name: str) -> t
 
 
 def _fail_first_step(client: TestClient, cnn_onnx: Path, error: dict[str, Any], log: str) -> str:
-    files = {"model": ("cnn.onnx", cnn_onnx.read_bytes()), "spec": (None, '{"targets": ["onnxruntime"]}')}
+    files = {
+        "model": ("cnn.onnx", cnn_onnx.read_bytes()),
+        "spec": (None, '{"targets": ["onnxruntime"], "wait_for_workers": true}'),
+    }
     r = client.post("/compile", files=files, params={"cache": "false"})
     assert r.status_code == 202, r.text
     job_id = r.json()["id"]
