@@ -96,6 +96,10 @@ class TargetPublic(BaseModel):
     published: dict[str, Any] | None = Field(default=None, description="Repository name, version and URI.")
     artifact_uri: str | None = None
     download_url: str | None = Field(default=None, description="GET this for a tar of the exported artifact.")
+    attempts: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Each route tried, in order: rank, route, status, and for a failed one its step, tool, code, message.",
+    )
 
 
 class JobPublic(BaseModel):

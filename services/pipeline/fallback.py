@@ -200,5 +200,18 @@ def all_routes_failed(r: TargetRouting) -> dict[str, Any] | None:
 
 
 def route_failed_event(target: str, attempt: RouteAttempt, next_route: str | None) -> dict[str, Any]:
-    """Return the job-log event recording a failed route and the route tried next (None: the target failed)."""
-    return {"type": "route_failed", "target": target, **attempt.to_dict(), "next_route": next_route}
+    """Return the job-log event recording a failed route and the route tried next (None: the target failed).
+
+    ``message`` is the line the job log shows; ``error`` is the failed step's own message.
+    """
+    then = f"trying route {attempt.rank + 1}: {next_route}" if next_route else "no route left"
+    said = f"{target}: route {attempt.rank} ({attempt.route}) failed in {attempt.tool} with {attempt.code}; {then}"
+    body = {k: v for k, v in attempt.to_dict().items() if k != "message"}
+    return {
+        "type": "route_failed",
+        "target": target,
+        **body,
+        "error": attempt.message,
+        "next_route": next_route,
+        "message": said,
+    }
