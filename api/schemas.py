@@ -146,6 +146,7 @@ class PlanStepPublic(BaseModel):
     after: list[str] = Field(default_factory=list)
     target: str | None
     tool: str
+    fallback: bool = Field(default=False, description="Runs only when the routes before it failed.")
 
 
 class PlanPublic(BaseModel):
@@ -155,7 +156,10 @@ class PlanPublic(BaseModel):
     routes: dict[str, str]
     shared_steps: list[str]
     steps: list[PlanStepPublic]
-    queues: list[str]
+    fallback_routes: dict[str, list[str]] = Field(
+        default_factory=dict, description="Per target, the routes tried in order when the first one fails."
+    )
+    queues: list[str] = Field(description="The queues the first-choice routes take.")
     engines_without_workers: list[str] = Field(
         description="Engines this plan needs that no live worker serves right now (the job would wait)."
     )
