@@ -116,6 +116,48 @@ def test_a_converter_writing_a_broken_model_is_named_and_the_next_route_runs(
     assert target.parity["outputs"][0]["max_abs"] < 1e-4
 
 
+def test_routing_rules_on_a_keras_plan() -> None:
+    from services.formats import Format
+    from services.graph.planner import plan_routes
+    from services.pipeline.fallback import all_routes_failed, needed_steps, routing
+
+    plan = plan_routes(Format.KERAS, load_spec({"targets": ["openvino"]}))
+    assert [o.route for o in plan.route_options("openvino")] == [
+        "keras → savedmodel → openvino_ir ⇒ openvino",
+        "keras → onnx → optimize → openvino_ir ⇒ openvino",
+        "keras → savedmodel → onnx → optimize → openvino_ir ⇒ openvino",
+    ]
+    status = {s.id: "pending" for s in plan.steps}
+    status["reference"] = "succeeded"
+    now, later = needed_steps(plan, routing(plan, status, {}))
+    assert now == {"reference", "keras-to-savedmodel", "keras-to-savedmodel/savedmodel-to-openvino-ir"} | {
+        "export:openvino",
+        "publish:openvino",
+    }
+    assert "export:openvino@3" in later
+    # A timeout is not the route's fault: nothing else is tried.
+    timeout = {"code": "TIMEOUT", "message": "took too long", "details": {"step": "keras-to-savedmodel"}}
+    r = routing(plan, {**status, "keras-to-savedmodel": "failed"}, {"keras-to-savedmodel": timeout})["openvino"]
+    assert r.decided and [a.status for a in r.attempts] == ["failed", "not tried", "not tried"]
+    assert needed_steps(plan, {"openvino": r}) == (set(), set())
+    # The SavedModel export failing sinks routes 1 and 3 (both start with it): route 2 runs.
+    failed = {"code": "CONVERSION_FAILED", "message": "boom", "details": {"step": "keras-to-savedmodel", "tool": "x"}}
+    r = routing(plan, {**status, "keras-to-savedmodel": "failed"}, {"keras-to-savedmodel": failed})["openvino"]
+    assert r.active == 1 and [a.status for a in r.attempts] == ["failed", "running", "not tried"]
+    # ...and when route 2 fails too, route 3 fails at the same step as route 1: said once, not twice.
+    status2 = {**status, "keras-to-savedmodel": "failed", "keras-to-onnx": "failed"}
+    errors2 = {
+        "keras-to-savedmodel": failed,
+        "keras-to-onnx": {"code": "CONVERSION_FAILED", "message": "no", "details": {"step": "keras-to-onnx"}},
+    }
+    r = routing(plan, status2, errors2)["openvino"]
+    assert [a.status for a in r.attempts] == ["failed", "failed", "failed"]
+    err = all_routes_failed(r)
+    assert err is not None and err["message"].endswith(
+        "(3) keras → savedmodel → onnx → optimize → openvino_ir ⇒ openvino: keras-to-savedmodel again"
+    )
+
+
 # ----------------------------------------------------------------------------- the queued service
 
 

@@ -183,14 +183,16 @@ def route_failures(
 
 
 def all_routes_failed(r: TargetRouting) -> dict[str, Any] | None:
-    """Return the error of a target whose routes all failed, naming each attempt; None with one attempt.
+    """Return the error of a target whose routes all failed, naming each attempt.
 
-    The code is the last attempt's: the failure that ended the search.
+    None when they all failed at one step (a conversion every route shares, such as the
+    source's own importer): that step's error says it all. The code is the last attempt's,
+    the failure that ended the search.
     """
     tried = [a for a in r.tried if a.status == "failed"]
-    if len(tried) < 2:
+    if len({a.step for a in tried}) < 2:
         return None
-    said = "; ".join(f"({a.rank}) {a.route}: {a.code} in {a.step} ({a.tool}): {a.message}" for a in tried)
+    said = "; ".join(_said(a, tried[:i]) for i, a in enumerate(tried))
     return {
         "code": tried[-1].code,
         "message": f"every route to {r.target} failed: {said}",
@@ -215,3 +217,9 @@ def route_failed_event(target: str, attempt: RouteAttempt, next_route: str | Non
         "next_route": next_route,
         "message": said,
     }
+
+
+def _said(a: RouteAttempt, earlier: list[RouteAttempt]) -> str:
+    if any(e.step == a.step for e in earlier):
+        return f"({a.rank}) {a.route}: {a.step} again"
+    return f"({a.rank}) {a.route}: {a.code} in {a.step} ({a.tool}): {a.message}"

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from services.graph.planner import Plan, PlanStep
+from services.pipeline.fallback import all_routes_failed, route_step_ids, routing
 
 __all__ = ["TargetResult", "blocked_by", "target_results", "target_step_ids"]
 
@@ -46,8 +47,6 @@ def blocked_by(step: PlanStep, failed: Mapping[str, T]) -> T | None:
 
 def target_step_ids(plan: Plan, target: str) -> list[str]:
     """Return the ids of every step a target's first-choice route needs, in plan order (shared steps included)."""
-    from services.pipeline.fallback import route_step_ids
-
     return route_step_ids(plan, plan.route_options(target)[0])
 
 
@@ -65,8 +64,6 @@ def target_results(
     error naming every attempt. ``status`` is each step's state (derived from ``metas``
     and ``errors`` when not given: a step with a meta succeeded, one with an error failed).
     """
-    from services.pipeline.fallback import all_routes_failed, routing
-
     if status is None:
         status = {**{sid: "failed" for sid in errors}, **{sid: "succeeded" for sid in metas}}
     routes = routing(plan, status, errors)
