@@ -1,7 +1,7 @@
 """Architecture matrix: real architectures (random weights) x every CPU target; prints markdown.
 
 Sources: keras.applications models built with ``weights=None`` at small input sizes (their
-own layers: grouped convolutions in RegNet, preprocessing Normalization/Rescaling layers
+own layers: grouped convolutions and exact GELU in ConvNeXt, preprocessing Normalization and Rescaling
 in EfficientNetV2 and ConvNeXt), CNNs written here in torch and exported to ONNX (a
 ResNet block, a ResNeXt block with a grouped 3x3, a ConvNeXt block with a depthwise 7x7,
 LayerNorm and GELU), and a tiny ViT from transformers (a config, no download). Each goes
@@ -149,7 +149,7 @@ SOURCES: dict[str, Callable[[Path], Path]] = {
     "keras MobileNetV3Small 64px": _keras_app("MobileNetV3Small", 64),
     "keras EfficientNetV2B0 64px": _keras_app("EfficientNetV2B0", 64),
     "keras ResNet50 64px": _keras_app("ResNet50", 64),
-    "keras RegNetX002 64px": _keras_app("RegNetX002", 64),
+    "keras EfficientNetB0 64px": _keras_app("EfficientNetB0", 64),
     "keras DenseNet121 64px": _keras_app("DenseNet121", 64),
     "keras ConvNeXtTiny 64px": _keras_app("ConvNeXtTiny", 64),
     **{f"torch {label} (ONNX)": _torch_onnx(label) for label in _torch_blocks()},

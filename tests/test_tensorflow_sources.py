@@ -12,6 +12,7 @@ from tf_models import (
     IMAGE,
     image_calibration,
     keras_cnn,
+    keras_gelu_mlp,
     keras_grouped_conv,
     keras_normalized,
     keras_two_inputs,
@@ -319,3 +320,16 @@ def test_tf2onnx_output_with_a_function_call_is_conversion_failed_naming_tf2onnx
     onnx.save(model, str(path))
     with pytest.raises(ConversionFailed, match="tf2onnx wrote an invalid ONNX model"):
         check_onnx_output(Ctx(), model, path, "Keras model m.keras")  # type: ignore[arg-type]
+
+
+def test_exact_gelu_reaches_onnxruntime(tf_dir: Path, store, repository) -> None:
+    # tf2onnx passes TensorFlow's Erfc through as an "Erfc" node, which is no ONNX op
+    # (ConvNeXt's GELU failed so on every route); Kiln rewrites it as 1 - Erf(x).
+    result = compile_model(
+        keras_gelu_mlp(tf_dir / "gelu.keras"), _spec(["onnxruntime"]), store=store, repository=repository
+    )
+    _assert_parity(result, "fp32")
+    step = result.steps["keras-to-onnx"]
+    assert step.meta["erfc_lowered"] == 1
+    ops = {n.op_type for n in onnx.load(str(step.artifact.path)).graph.node}
+    assert "Erf" in ops and "Erfc" not in ops

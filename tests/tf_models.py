@@ -90,6 +90,17 @@ def keras_grouped_conv(path: Path) -> Path:
     return path
 
 
+def keras_gelu_mlp(path: Path) -> Path:
+    """Dense, exact GELU (TensorFlow computes it with Erfc, as in ConvNeXt), Dense: 4 logits from 8 features."""
+    if path.exists():
+        return path
+    keras = _keras()
+    inp = keras.Input((8,), name="features")
+    x = keras.layers.Activation("gelu")(keras.layers.Dense(16)(inp))
+    keras.Model(inp, keras.layers.Dense(4, name="logits")(x)).save(path)
+    return path
+
+
 def keras_two_inputs(path: Path) -> Path:
     """A functional model with two named inputs (features [N,8], extra [N,4]) and two named outputs."""
     if path.exists():

@@ -88,6 +88,36 @@ def _inlinable(graph_def: Any) -> int:
     return removed
 
 
+def _lower_erfc(model: Any) -> int:
+    """Rewrite every ``Erfc`` node as ``1 - Erf(x)``; return how many there were.
+
+    tf2onnx has no handler for TensorFlow's Erfc (what Keras' exact GELU computes, as in
+    ConvNeXt) and passes it through as an ``Erfc`` node, which is no ONNX operator.
+    """
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    found = [n for n in graph.node if n.op_type == "Erfc" and n.domain in ("", "ai.onnx")]
+    if not found:
+        return 0
+    dtypes = {v.name: v.type.tensor_type.elem_type for v in [*graph.value_info, *graph.input, *graph.output]}
+    nodes = []
+    for node in graph.node:
+        if node not in found:
+            nodes.append(node)
+            continue
+        out = node.output[0]
+        dtype = helper.tensor_dtype_to_np_dtype(dtypes.get(out) or dtypes.get(node.input[0]) or 1)
+        one = numpy_helper.from_array(np.array(1, dtype=dtype), f"{node.name}/one")
+        graph.initializer.append(one)
+        nodes.append(helper.make_node("Erf", [node.input[0]], [f"{out}/erf"], name=f"{node.name}/erf"))
+        nodes.append(helper.make_node("Sub", [one.name, f"{out}/erf"], [out], name=f"{node.name}/one_minus"))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(found)
+
+
 def _left_calls(model: Any) -> list[str]:
     """Return the op types of TensorFlow function-call nodes tf2onnx left in the ONNX graph."""
     return sorted({n.op_type for n in model.graph.node if n.op_type.endswith("PartitionedCall")})
@@ -155,10 +185,17 @@ def _from_function(ctx: StepContext, fn: Any, signature: list[Any], what: str) -
         )
     except Exception as exc:  # tf2onnx raises ValueError, KeyError, RuntimeError... for unsupported graphs
         raise _failed(ctx, what, exc) from exc
+    lowered = _lower_erfc(model)
+    if lowered:
+        from services.onnx_io import save_onnx
+
+        save_onnx(model, out)
     check_onnx_output(ctx, model, out, what)
     meta: dict[str, Any] = {"opset": opset, "tool": TOOL, **_describe(model)}
     if unblocked:
         meta["inlined_xla_calls"] = unblocked
+    if lowered:
+        meta["erfc_lowered"] = lowered
     return Artifact(root=ctx.out_dir, kind=Format.ONNX.value, entry=MODEL_FILE, meta=meta)
 
 
