@@ -1,10 +1,10 @@
 """Architecture matrix: real architectures (random weights) x every CPU target; prints markdown.
 
 Sources: keras.applications models built with ``weights=None`` at small input sizes (their
-own layers: grouped convolutions and exact GELU in ConvNeXt, preprocessing Normalization and Rescaling
-in EfficientNetV2 and ConvNeXt), CNNs written here in torch and exported to ONNX (a
-ResNet block, a ResNeXt block with a grouped 3x3, a ConvNeXt block with a depthwise 7x7,
-LayerNorm and GELU), and a tiny ViT from transformers (a config, no download). Each goes
+own layers: grouped convolutions and exact GELU in ConvNeXt, preprocessing Normalization
+and Rescaling layers in EfficientNet and ConvNeXt), CNNs written here in torch and exported
+to ONNX (a ResNet block, a ResNeXt block with a grouped 3x3, a ConvNeXt block with a
+depthwise 7x7, LayerNorm and GELU), and a tiny ViT from transformers (a config, no download). Each goes
 through one ``kiln compile`` job (in process) to onnxruntime, openvino, tflite and
 tfserving at fp32, with parity against the source framework. A cell passes when the
 target succeeded; the table says which route built it (1 = the first choice, 2+ = a
