@@ -105,6 +105,10 @@ class TargetPublic(BaseModel):
     published: dict[str, Any] | None = Field(default=None, description="Repository name, version and URI.")
     artifact_uri: str | None = None
     download_url: str | None = Field(default=None, description="GET this for a tar of the exported artifact.")
+    attempts: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Each route tried, in order: rank, route, status, and for a failed one its step, tool, code, message.",
+    )
 
 
 class JobPublic(BaseModel):
@@ -161,6 +165,7 @@ class PlanStepPublic(BaseModel):
     after: list[str] = Field(default_factory=list)
     target: str | None
     tool: str
+    fallback: bool = Field(default=False, description="Runs only when the routes before it failed.")
 
 
 class PlanPublic(BaseModel):
@@ -170,7 +175,10 @@ class PlanPublic(BaseModel):
     routes: dict[str, str]
     shared_steps: list[str]
     steps: list[PlanStepPublic]
-    queues: list[str]
+    fallback_routes: dict[str, list[str]] = Field(
+        default_factory=dict, description="Per target, the routes tried in order when the first one fails."
+    )
+    queues: list[str] = Field(description="The queues the first-choice routes take.")
     engines_without_workers: list[str] = Field(
         description="Engines this plan needs that no live worker serves right now (the job would wait)."
     )

@@ -111,9 +111,11 @@ def _require_workers(plan: Plan, spec: CompileSpec, live_engines: Collection[str
     """Refuse a job an engine with no live worker would leave waiting, unless the spec says to wait."""
     if live_engines is None or spec.wait_for_workers:
         return
-    missing = sorted({s.engine for s in plan.steps} - set(live_engines))
+    # Fallback routes run only when the chosen one fails: their engines are not needed up front.
+    needed = [s for s in plan.steps if not s.fallback]
+    missing = sorted({s.engine for s in needed} - set(live_engines))
     if missing:
-        queues = sorted({s.queue for s in plan.steps if s.engine in missing})
+        queues = sorted({s.queue for s in needed if s.engine in missing})
         raise EngineUnavailable(
             f"no live worker serves {', '.join(missing)} (queue {', '.join(queues)}), which this job needs",
             hint="Start a worker for it (`kiln worker --engine <engine>`; GET /engines lists the live ones), "

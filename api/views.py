@@ -8,7 +8,7 @@ from typing import Any
 from api.schemas import ErrorPublic, JobPublic, SourcePublic, StepPublic, TargetPublic
 from services.graph.planner import Plan
 from services.jobs.models import Job, JobStep
-from services.pipeline.results import target_step_ids
+from services.pipeline.fallback import route_step_ids, routing
 from services.public_errors import public_error
 from services.storage.base import ArtifactStore
 
@@ -24,6 +24,7 @@ _REPORT_KEYS = (
     "engine_details",
     "reused",
     "warnings",
+    "not_needed",
 )
 
 
@@ -90,9 +91,16 @@ def job_public(job: Job, store: ArtifactStore) -> JobPublic:
     rows = {r.step_id: r for r in job.steps}
     results: dict[str, Any] = job.result or {}
     targets: dict[str, TargetPublic] = {}
-    for target, route in plan.routes.items():
-        chain = target_step_ids(plan, target)
-        export = rows.get(f"export:{target}")
+    routes = routing(
+        plan, {sid: r.status for sid, r in rows.items()}, {sid: r.error for sid, r in rows.items() if r.error}
+    )
+    for target, r in routes.items():
+        # The route that succeeded, is in progress, or was tried last; the first choice before any ran.
+        index = r.winner if r.winner is not None else r.active if r.active is not None else max(len(r.tried) - 1, 0)
+        option = r.options[index]
+        route = option.route
+        chain = route_step_ids(plan, option)
+        export = rows.get(option.export)
         export_key = export.artifact_key if export is not None and export.status == "succeeded" else None
         res = results.get(target)
         if res is not None:
@@ -110,6 +118,7 @@ def job_public(job: Job, store: ArtifactStore) -> JobPublic:
                 published=res.get("published"),
                 artifact_uri=_uri(store, export_key),
                 download_url=f"/jobs/{job.id}/artifacts/{target}" if export_key else None,
+                attempts=res.get("attempts") or [],
             )
             continue
         failed = next((rows[s] for s in chain if s in rows and rows[s].status in ("failed", "skipped")), None)
@@ -126,6 +135,7 @@ def job_public(job: Job, store: ArtifactStore) -> JobPublic:
             vs_fp32=meta.get("vs_fp32"),
             artifact_uri=_uri(store, export_key),
             download_url=f"/jobs/{job.id}/artifacts/{target}" if export_key else None,
+            attempts=[a.to_dict() for a in r.tried],
         )
     server_seconds = (job.finished_at - job.created_at).total_seconds() if job.finished_at else None
     return JobPublic(

@@ -139,6 +139,8 @@ def _event_printer(progress_lines: bool) -> Callable[[dict[str, Any]], None]:
             console.print(f"[bold]source[/]: {e['source']}")
             for target, route in e["plan"]["routes"].items():
                 console.print(f"  [cyan]{target}[/]: {route}")
+                for alt in e["plan"].get("route_options", {}).get(target, [])[1:]:
+                    console.print(f"    [dim]fallback: {alt['route']}[/]")
             if e["plan"]["shared_steps"]:
                 console.print(f"  shared steps: {', '.join(e['plan']['shared_steps'])}")
         elif kind == "step_started":
@@ -152,6 +154,11 @@ def _event_printer(progress_lines: bool) -> Callable[[dict[str, Any]], None]:
             console.print(f"[red]✘[/] {e['step']}: {e['error']['code']}: {e['error']['message'][:300]}")
         elif kind == "step_skipped":
             console.print(f"[yellow]-[/] {e['step']} skipped ({e['because']} upstream)")
+        elif kind == "route_failed":
+            then = f"trying {e['next_route']}" if e["next_route"] else "no route left"
+            console.print(
+                f"[yellow]↪[/] {e['target']}: route {e['rank']} failed in {e.get('tool')} ({e['code']}); {then}"
+            )
 
     return on_event
 

@@ -171,3 +171,34 @@ def assert_parity_passed(parity: dict, precision: str) -> None:
         if bound is not None:
             assert out["max_abs"] <= bound, out
         assert out["cosine"] >= {"fp32": 0.9999, "fp16": 0.999, "int8": 0.98}[precision], out
+
+
+def grouped_cnn_onnx(path: Path, groups: int) -> Path:
+    """Two Conv layers (the second with ``groups``) and a ReLU, exported from torch: [N,3,16,16] -> [N,8,16,16]."""
+    torch = _torch()
+    nn = torch.nn
+    module = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1, groups=groups))
+    return export_onnx(module.eval(), torch.randn(1, 3, 16, 16), path)
+
+
+def matrix_op_onnx(path: Path, op: str, domain: str = "") -> Path:
+    """``op(x + W)`` on a batch of 3x3 matrices (W keeps them invertible): a model around one linear-algebra op.
+
+    OpenVINO's ONNX reader has no rule for ``Det`` or ``com.microsoft.Inverse``; onnxruntime
+    runs both and onnx2tf converts both, so they exercise Kiln's fallback routes for real.
+    """
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(0).normal(size=(3, 3)).astype("float32") + 3 * np.eye(3, dtype="float32")
+    nodes = [helper.make_node("Add", ["x", "w"], ["a"]), helper.make_node(op, ["a"], ["y"], domain=domain)]
+    graph = helper.make_graph(
+        nodes,
+        "matrix_op",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "w")],
+    )
+    opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid(domain, 1)] if domain else [])
+    onnx.save(helper.make_model(graph, opset_imports=opsets), str(path))
+    return path

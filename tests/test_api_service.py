@@ -144,6 +144,13 @@ def test_plan_is_a_dry_run_naming_routes_and_queues(client: TestClient) -> None:
     assert "optimize" in plan["shared_steps"]
     assert {s["id"] for s in plan["steps"]} >= {"reference", "export:openvino", "publish:onnxruntime"}
     assert set(plan["engines_without_workers"]) == {"onnxruntime", "openvino"}  # no worker in this test
+    # openvino's fallback goes through TensorFlow (onnx2tf); its steps are listed, flagged, off the queues above.
+    assert plan["fallback_routes"] == {
+        "onnxruntime": [],
+        "openvino": ["onnx → optimize → savedmodel → openvino_ir ⇒ openvino"],
+    }
+    fallback = {s["id"]: s["queue"] for s in plan["steps"] if s["fallback"]}
+    assert fallback["optimize/onnx-to-savedmodel"] == "kiln.tensorflow" and "export:openvino@2" in fallback
     assert client.get("/jobs").json()["count"] == 0  # nothing was submitted
 
 

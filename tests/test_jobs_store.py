@@ -120,6 +120,81 @@ def test_a_failed_step_skips_its_dependents_and_the_other_target_goes_on(jobs: J
     assert result["onnxruntime"]["parity"] == {"passed": False}
 
 
+def test_a_failed_conversion_hands_the_target_to_its_next_route(jobs: JobStore) -> None:
+    job_id = _new_job(jobs, ("onnxruntime", "openvino"))
+    jobs.advance(job_id)
+    _run(jobs, job_id, "reference")
+    _run(jobs, job_id, "optimize")
+    steps = {s.step_id: s for s in jobs.get_job(job_id).steps}
+    # The fallback route's steps wait, pending, while the first route may still work.
+    assert steps["optimize/onnx-to-savedmodel"].status == "pending"
+    err = {
+        "code": "CONVERSION_FAILED",
+        "message": "No conversion rule found for operations: Det-17",
+        "hint": "h",
+        "details": {"step": "optimize/onnx-to-openvino-ir", "tool": "openvino.convert_model"},
+    }
+    adv = _run(jobs, job_id, "optimize/onnx-to-openvino-ir", status="failed", error=err)
+    assert adv.queued == [("optimize/onnx-to-savedmodel", "tensorflow")]
+    failed = [e for e in jobs.events(job_id) if e.type == "route_failed"]
+    assert len(failed) == 1 and failed[0].step == "optimize/onnx-to-openvino-ir"
+    assert failed[0].data["target"] == "openvino" and failed[0].data["rank"] == 1
+    assert failed[0].data["tool"] == "openvino.convert_model" and failed[0].data["code"] == "CONVERSION_FAILED"
+    assert failed[0].data["next_route"] == "onnx → optimize → savedmodel → openvino_ir ⇒ openvino"
+    for sid in ("export:onnxruntime", "publish:onnxruntime", "optimize/onnx-to-savedmodel"):
+        _run(jobs, job_id, sid)
+    _run(jobs, job_id, "optimize/onnx-to-savedmodel/savedmodel-to-openvino-ir")
+    _run(jobs, job_id, "export:openvino@2")
+    claim = jobs.claim_step(job_id, "publish:openvino@2", "w1", stale_after=60)
+    assert claim is not None and [(a["rank"], a["status"]) for a in claim.route_attempts] == [
+        (1, "failed"),
+        (2, "running"),
+    ]
+    assert claim.route_attempts[0]["message"] == err["message"]
+    adv = jobs.finish_step(job_id, "publish:openvino@2", claim.attempt, status="succeeded", seconds=0.1, meta={})
+    assert adv.final_status == "succeeded"
+    job = jobs.get_job(job_id)
+    result = job.result["openvino"]
+    assert result["status"] == "succeeded" and result["artifact"] == "steps/export:openvino@2"
+    assert result["route"] == "onnx → optimize → savedmodel → openvino_ir ⇒ openvino"
+    assert [(a["rank"], a["status"]) for a in result["attempts"]] == [(1, "failed"), (2, "succeeded")]
+    # The first route's export and publish were skipped for the failure; nothing else was.
+    skipped = {s.step_id: s.error["code"] for s in job.steps if s.status == "skipped"}
+    assert skipped == {"export:openvino": "CONVERSION_FAILED", "publish:openvino": "CONVERSION_FAILED"}
+
+
+def test_a_fallback_route_never_needed_is_skipped_as_such(jobs: JobStore) -> None:
+    job_id = _new_job(jobs, ("openvino",))
+    jobs.advance(job_id)
+    for sid in ("reference", "optimize", "optimize/onnx-to-openvino-ir", "export:openvino"):
+        assert _run(jobs, job_id, sid).final_status is None
+    adv = _run(jobs, job_id, "publish:openvino")
+    assert adv.final_status == "succeeded"
+    job = jobs.get_job(job_id)
+    fallback = {s.step_id: (s.status, (s.meta or {}).get("not_needed"), s.error) for s in job.steps if s.attempt == 0}
+    assert set(fallback) == {
+        "optimize/onnx-to-savedmodel",
+        "optimize/onnx-to-savedmodel/savedmodel-to-openvino-ir",
+        "export:openvino@2",
+        "publish:openvino@2",
+    }
+    assert all(status == "skipped" and why and err is None for status, why, err in fallback.values())
+    assert [a["status"] for a in job.result["openvino"]["attempts"]] == ["succeeded"]
+    assert not [e for e in jobs.events(job_id) if e.type in ("route_failed", "step_skipped")]
+
+
+def test_a_source_error_does_not_fall_back(jobs: JobStore) -> None:
+    job_id = _new_job(jobs, ("openvino",))
+    jobs.advance(job_id)
+    err = {"code": "SOURCE_UNREADABLE", "message": "not an ONNX model", "hint": "h", "details": {"step": "reference"}}
+    adv = _run(jobs, job_id, "reference", status="failed", error=err)
+    assert adv.final_status == "failed" and adv.queued == []
+    job = jobs.get_job(job_id)
+    assert job.result["openvino"]["error"]["code"] == "SOURCE_UNREADABLE"
+    assert [a["status"] for a in job.result["openvino"]["attempts"]] == ["failed"]
+    assert not any(s.status == "running" or s.status == "queued" for s in job.steps)
+
+
 def test_a_redelivered_step_is_not_run_twice(jobs: JobStore) -> None:
     job_id = _new_job(jobs)
     jobs.advance(job_id)

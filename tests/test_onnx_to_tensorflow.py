@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from models import BERT_VOCAB, assert_parity_passed, export_again, tiny_bert_module
+from models import BERT_VOCAB, assert_parity_passed, export_again, grouped_cnn_onnx, tiny_bert_module
 
 from services.errors import ConversionFailed
 from services.formats import Format
@@ -132,9 +132,15 @@ def test_transformer_block_keeps_dynamic_batch(block_job, transformer_onnx) -> N
     ]
     assert meta["probe"]["max_abs_diff"]["output"] < 1e-5
     changed = {p["name"] for p in meta["passes"] if p["modified"]}
-    # torch's Linear exports Add(bias, x @ W), which onnx2tf broadcast into [1, 96, 1]; and TFLite has no Erf.
-    # shape_inference: the optimiser leaves inferred shapes out of its output; onnx2tf needs them.
-    assert changed == {"shape_inference", "onnx2tf_constant_operand_last", "onnx2tf_fuse_erf_gelu"}
+    # torch's Linear exports Add(bias, x @ W), which onnx2tf broadcast into [1, 96, 1]; TFLite has no Erf;
+    # torch names nodes "/ln1/...", no valid TensorFlow scope for a variable onnx2tf creates; and
+    # shape_inference: the optimiser leaves inferred shapes out of its output, onnx2tf needs them.
+    assert changed == {
+        "shape_inference",
+        "onnx2tf_constant_operand_last",
+        "onnx2tf_fuse_erf_gelu",
+        "onnx2tf_scope_safe_node_names",
+    }
 
     manifest = read_manifest(repository, "m-tfserving", 1)
     assert manifest["io"]["inputs"] == [{"name": "input", "dtype": "float32", "shape": [None, 16, 32]}]
@@ -313,3 +319,21 @@ def test_onnx2tf_passes_keep_outputs(transformer_onnx) -> None:
         assert ("fix_input_shapes" in {r["name"] for r in records}) == (fixed is not None)
         got = ort.InferenceSession(prepared.SerializeToString()).run(None, {"input": x})[0]
         np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_grouped_convolution_reaches_tflite_and_tfserving(groups: int, tmp_path: Path, store, repository) -> None:
+    # onnx2tf builds a grouped Conv as a Keras Conv2D inside a Lambda, named after the torch
+    # node ("/2/Conv"): its kernel was untracked (saving failed on a captured ResourceHandle)
+    # and its name no valid TensorFlow scope. groups=1 is the control that always worked.
+    src = grouped_cnn_onnx(tmp_path / f"g{groups}.onnx", groups)
+    spec = load_spec(
+        {"targets": ["tflite", "tfserving"], "name": "g", "benchmark": False, "validation": {"samples": 4}}
+    )
+    result = compile_model(src, spec, store=store, repository=repository)
+    for name, target in result.targets.items():
+        assert target.status == "succeeded", (name, target.error)
+        assert target.route == f"onnx → optimize → savedmodel ⇒ {name}"
+        assert_parity_passed(target.parity, "fp32")
+    passes = [p["name"] for p in result.steps["optimize/onnx-to-savedmodel"].meta["passes"]]
+    assert "onnx2tf_scope_safe_node_names" in passes

@@ -50,7 +50,7 @@ def test_cheapest_route_and_prefix_sharing() -> None:
     # openvino has two routes of cost 3 (a-b,b-d and a-c,c-d); the one sharing a-c with tfserving wins.
     assert plan.routes["openvino"] == "keras → savedmodel → openvino_ir ⇒ openvino"
     assert plan.shared == ["a-c"]
-    converts = [s.id for s in plan.steps if s.kind == "convert"]
+    converts = [s.id for s in plan.steps if s.kind == "convert" and not s.fallback]
     assert converts == ["a-c", "a-c/c-d"]
     export = plan.step("export:openvino")
     assert export.inputs == {"model": "a-c/c-d", "reference": "reference"}
@@ -82,7 +82,7 @@ def test_no_route_lists_what_is_reachable() -> None:
 def test_real_registry_onnx_source() -> None:
     spec = load_spec({"targets": ["onnxruntime", "openvino"], "precision": "int8"})
     plan = plan_routes(F.ONNX, spec)
-    assert [s.id for s in plan.steps] == [
+    assert [s.id for s in plan.steps if not s.fallback] == [
         "reference",
         "optimize",
         "export:onnxruntime",
@@ -117,3 +117,34 @@ def test_plan_round_trips_through_json() -> None:
     plan = plan_routes(F.KERAS, load_spec({"targets": ["tflite", "onnxruntime"]}))
     again = Plan.from_dict(plan.to_dict())
     assert again.to_dict() == plan.to_dict()
+
+
+def test_fallback_routes_follow_in_cost_order() -> None:
+    spec = load_spec({"targets": ["tfserving", "openvino"], "optimize": False})
+    plan = plan_routes(F.KERAS, spec, _toy())
+    # openvino: a-c,c-d (3, shares a-c) first; then a-b,b-d (3); then a-c,c-b,b-d (8).
+    assert [(o.route, o.cost, o.export, o.publish) for o in plan.route_options("openvino")] == [
+        ("keras → savedmodel → openvino_ir ⇒ openvino", 3.0, "export:openvino", "publish:openvino"),
+        ("keras → onnx → openvino_ir ⇒ openvino", 3.0, "export:openvino@2", "publish:openvino@2"),
+        ("keras → savedmodel → onnx → openvino_ir ⇒ openvino", 8.0, "export:openvino@3", "publish:openvino@3"),
+    ]
+    assert plan.step("export:openvino@2").inputs == {"model": "a-b/b-d", "reference": "reference"}
+    assert plan.step("a-c/c-b/b-d").fallback and not plan.step("a-c").fallback
+    # tfserving has one route: nothing to fall back to. Fallback steps come after every first choice.
+    assert [o.export for o in plan.route_options("tfserving")] == ["export:tfserving"]
+    first = [s.fallback for s in plan.steps]
+    assert first == sorted(first)
+    assert plan_routes(F.KERAS, spec, _toy(), fallbacks=0).route_options("openvino")[1:] == []
+
+
+def test_real_registry_fallbacks_for_keras() -> None:
+    plan = plan_routes(F.KERAS, load_spec({"targets": ["onnxruntime", "tflite"]}))
+    assert [o.route for o in plan.route_options("onnxruntime")] == [
+        "keras → onnx → optimize ⇒ onnxruntime",
+        "keras → savedmodel → onnx → optimize ⇒ onnxruntime",
+    ]
+    assert [o.route for o in plan.route_options("tflite")] == [
+        "keras → savedmodel ⇒ tflite",
+        "keras → onnx → optimize → savedmodel ⇒ tflite",
+    ]
+    assert plan.route_options("onnxruntime")[1].tools == ("tf.saved_model", "tf2onnx")

@@ -12,13 +12,16 @@ from tf_models import (
     IMAGE,
     image_calibration,
     keras_cnn,
+    keras_gelu_mlp,
+    keras_grouped_conv,
+    keras_normalized,
     keras_two_inputs,
     savedmodel_two_signatures,
     tar_gz,
     tflite_from_savedmodel,
 )
 
-from services.errors import InvalidSpec
+from services.errors import ConversionFailed, InvalidSpec
 from services.pipeline import compile_model
 from services.repository.publish import read_manifest
 from services.spec import DEFAULT_TOLERANCES, Precision, load_spec
@@ -80,7 +83,7 @@ def test_keras_cnn_every_cpu_engine(
     _assert_parity(result, precision)
 
     # ONNX is made once (for onnxruntime); tfserving and openvino share the native SavedModel.
-    plan_to_onnx = [s for s in result.plan.steps if s.kind == "convert" and s.format_out == "onnx"]
+    plan_to_onnx = [s for s in result.plan.steps if s.kind == "convert" and s.format_out == "onnx" and not s.fallback]
     assert [s.id for s in plan_to_onnx] == ["keras-to-onnx"]
     ran_to_onnx = [
         sid
@@ -267,3 +270,69 @@ def test_onnx2tf_channel_last_output_is_transposed_back(tmp_path: Path, store, r
     assert meta["transposed_outputs"] == ["output"]
     io = read_manifest(repository, "m", 1)["io"]
     assert io["outputs"][0]["shape"] == [None, 4, 8, 10]
+
+
+# --- Keras models tf2onnx once got wrong: each on its first route, to every CPU engine ------------
+
+
+@pytest.mark.parametrize("builder", [keras_normalized, keras_grouped_conv], ids=["normalization", "grouped-conv"])
+def test_keras_preprocessing_constants_and_grouped_conv_every_cpu_engine(
+    builder, tf_dir: Path, store, repository
+) -> None:
+    # Normalization(mean, variance): tf2onnx made its two constants extra graph inputs (parity
+    # failed on input names). Grouped Conv2D: Keras runs it XLA-compiled, and tf2onnx left a
+    # StatefulPartitionedCall no runtime loads (reported as SOURCE_UNREADABLE, "truncated").
+    keras = builder(tf_dir / f"{builder.__name__}.keras")
+    result = compile_model(keras, _spec(CPU_TARGETS), store=store, repository=repository)
+    _assert_parity(result, "fp32")
+    for name, target in result.targets.items():
+        assert [a["rank"] for a in target.attempts] == [1], (name, target.attempts)  # no fallback was needed
+    onnx_model = onnx.load(str(result.steps["keras-to-onnx"].artifact.path))
+    assert [i.name for i in onnx_model.graph.input] == ["image"]
+    assert [o.name for o in onnx_model.graph.output] == ["logits"]
+    assert not [n.op_type for n in onnx_model.graph.node if n.op_type.endswith("PartitionedCall")]
+
+
+def test_tf2onnx_output_with_a_function_call_is_conversion_failed_naming_tf2onnx(tmp_path: Path) -> None:
+    from onnx import TensorProto, helper
+
+    from services.converters.tensorflow_to_onnx import check_onnx_output
+
+    # What tf2onnx wrote for a grouped Conv2D before Kiln inlined XLA calls: a TF call node in ONNX.
+    graph = helper.make_graph(
+        [helper.make_node("StatefulPartitionedCall", ["image"], ["logits"], name="functional/conv/call")],
+        "g",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "model.onnx"
+    onnx.save(model, str(path))
+
+    class Ctx:
+        step = type("Step", (), {"id": "keras-to-onnx"})()
+
+    with pytest.raises(ConversionFailed) as exc:
+        check_onnx_output(Ctx(), model, path, "Keras model m.keras")  # type: ignore[arg-type]
+    err = exc.value
+    assert err.code == "CONVERSION_FAILED" and err.details["tool"] == "tf2onnx"
+    assert err.details["step"] == "keras-to-onnx" and "StatefulPartitionedCall" in err.message
+    assert "source model is fine" in err.hint
+    # A node onnxruntime has no kernel for is caught by loading the model, not by its name.
+    graph.node[0].op_type = "NoSuchOp"
+    onnx.save(model, str(path))
+    with pytest.raises(ConversionFailed, match="tf2onnx wrote an invalid ONNX model"):
+        check_onnx_output(Ctx(), model, path, "Keras model m.keras")  # type: ignore[arg-type]
+
+
+def test_exact_gelu_reaches_onnxruntime(tf_dir: Path, store, repository) -> None:
+    # tf2onnx passes TensorFlow's Erfc through as an "Erfc" node, which is no ONNX op
+    # (ConvNeXt's GELU failed so on every route); Kiln rewrites it as 1 - Erf(x).
+    result = compile_model(
+        keras_gelu_mlp(tf_dir / "gelu.keras"), _spec(["onnxruntime"]), store=store, repository=repository
+    )
+    _assert_parity(result, "fp32")
+    step = result.steps["keras-to-onnx"]
+    assert step.meta["erfc_lowered"] == 1
+    ops = {n.op_type for n in onnx.load(str(step.artifact.path)).graph.node}
+    assert "Erf" in ops and "Erfc" not in ops

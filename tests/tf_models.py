@@ -63,6 +63,44 @@ def keras_cnn(path: Path) -> Path:
     return path
 
 
+def keras_normalized(path: Path) -> Path:
+    """A CNN behind Normalization(mean, variance) and Rescaling layers, whose constants tf2onnx once made inputs."""
+    if path.exists():
+        return path
+    keras = _keras()
+    inp = keras.Input(IMAGE, name="image")
+    x = keras.layers.Normalization(mean=[0.4, 0.5, 0.6], variance=[0.04, 0.05, 0.06])(inp)
+    x = keras.layers.Rescaling(0.5, offset=0.1)(x)
+    x = keras.layers.Conv2D(8, 3, padding="same", activation="relu")(x)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    keras.Model(inp, keras.layers.Dense(10, name="logits")(x)).save(path)
+    return path
+
+
+def keras_grouped_conv(path: Path) -> Path:
+    """A CNN with a grouped Conv2D, which Keras 3 runs as an XLA-compiled function (a StatefulPartitionedCall)."""
+    if path.exists():
+        return path
+    keras = _keras()
+    inp = keras.Input(IMAGE, name="image")
+    x = keras.layers.Conv2D(8, 3, padding="same", activation="relu")(inp)
+    x = keras.layers.Conv2D(8, 3, padding="same", groups=2)(x)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    keras.Model(inp, keras.layers.Dense(10, name="logits")(x)).save(path)
+    return path
+
+
+def keras_gelu_mlp(path: Path) -> Path:
+    """Dense, exact GELU (TensorFlow computes it with Erfc, as in ConvNeXt), Dense: 4 logits from 8 features."""
+    if path.exists():
+        return path
+    keras = _keras()
+    inp = keras.Input((8,), name="features")
+    x = keras.layers.Activation("gelu")(keras.layers.Dense(16)(inp))
+    keras.Model(inp, keras.layers.Dense(4, name="logits")(x)).save(path)
+    return path
+
+
 def keras_two_inputs(path: Path) -> Path:
     """A functional model with two named inputs (features [N,8], extra [N,4]) and two named outputs."""
     if path.exists():

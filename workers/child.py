@@ -115,6 +115,7 @@ class StepRequest:
     source_format: str | None = None
     source_sha256: str | None = None
     source_seen: str = ""
+    route_attempts: list[dict[str, Any]] | None = None  # publish steps: for the manifest
 
 
 @dataclass
@@ -369,6 +370,7 @@ def _run(req: StepRequest, progress: Callable[[str], None]) -> dict[str, Any]:
         calibration_path=calibration_path,
         calibration_sha=req.calibration_sha256,
         use_cache=req.use_cache,
+        route_attempts=req.route_attempts,
     )
     return {
         "ok": True,

@@ -192,6 +192,7 @@ def _run_claimed(claim: ClaimedStep, jobs: JobStore, settings: Settings) -> _Ran
             source_format=claim.source_format,
             source_sha256=claim.source_sha256,
             source_seen=claim.source_seen,
+            route_attempts=claim.route_attempts,
         )
         result = run_in_child(
             req,

@@ -23,8 +23,10 @@ from api.submission import resubmit
 from api.views import job_public
 from services.artifacts import DESCRIPTOR
 from services.errors import NotFound
+from services.graph.planner import Plan
 from services.jobs.models import FINAL_JOB_STATES, OPEN_STEP_STATES, JobEvent
 from services.jobs.store import JobFilter, JobStore
+from services.pipeline.fallback import routing
 from services.public_errors import public_error
 from services.spec import Precision, TargetName
 
@@ -295,6 +297,15 @@ async def resubmit_job(
     return JSONResponse(accepted.model_dump(), status_code=202, headers={"Location": url})
 
 
+def _winning_export(job: Any, target: str) -> str:
+    """Return the export step of the route that built ``target`` (the first choice while none has)."""
+    plan = Plan.from_dict(job.plan)
+    status = {s.step_id: s.status for s in job.steps}
+    errors = {s.step_id: s.error for s in job.steps if s.error}
+    r = routing(plan, status, errors)[target]
+    return r.options[r.winner if r.winner is not None else 0].export
+
+
 def _tar_artifact(store: Any, key: str, scratch: Path, arcname: str) -> Path:
     """Write the artifact under ``key`` as a tar in ``scratch``; return the tar's path."""
     local = store.local_path(key)
@@ -322,7 +333,8 @@ def download_artifact(
     targets = list(job.plan.get("routes", {}))
     if target not in targets:
         raise NotFound(f"job {job_id} has no target {target!r}", hint=f"Its targets: {', '.join(targets)}.")
-    step = next((s for s in job.steps if s.step_id == f"export:{target}"), None)
+    export_id = _winning_export(job, target)
+    step = next((s for s in job.steps if s.step_id == export_id), None)
     if step is None or step.status != "succeeded" or not step.artifact_key:
         raise NotFound(
             f"target {target} of job {job_id} has no artifact (export step is {step.status if step else 'missing'})",

@@ -22,7 +22,8 @@ def plan(body: PlanRequest, request: Request, _: ReadAuth, jobs: JobStoreDep, re
     source = body.spec.source_format or body.source_format
     p = plan_routes(source, body.spec, registry, default_name=body.spec.name or "model")
     live = {e for w in jobs.live_workers(request.app.state.worker_max_age) for e in w.engines}
-    engines = sorted({s.engine for s in p.steps})
+    first_choice = [s for s in p.steps if not s.fallback]  # fallback steps run only if a route fails
+    engines = sorted({s.engine for s in first_choice})
     return PlanPublic(
         source_format=p.source_format.value,
         routes=p.routes,
@@ -37,9 +38,11 @@ def plan(body: PlanRequest, request: Request, _: ReadAuth, jobs: JobStoreDep, re
                 after=s.after,
                 target=s.target,
                 tool=s.tool,
+                fallback=s.fallback,
             )
             for s in p.steps
         ],
-        queues=sorted({s.queue for s in p.steps}),
+        fallback_routes={t: [o.route for o in p.route_options(t)[1:]] for t in p.routes},
+        queues=sorted({s.queue for s in first_choice}),
         engines_without_workers=[e for e in engines if e not in live],
     )

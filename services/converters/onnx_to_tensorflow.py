@@ -76,7 +76,7 @@ if TYPE_CHECKING:
     from services.runners.base import TensorSpec
     from services.spec import CompileSpec
 
-__all__ = ["ConstantOperandLast", "FixInputShapes", "FuseErfGelu", "onnx_to_savedmodel"]
+__all__ = ["ConstantOperandLast", "FixInputShapes", "FuseErfGelu", "ScopeSafeNodeNames", "onnx_to_savedmodel"]
 
 TOOL = "onnx2tf"
 SAVEDMODEL_DIR = "saved_model"
@@ -163,6 +163,35 @@ class NameNodes(SequencePass):
         return [ir.passes.common.NameFixPass()]
 
 
+class ScopeSafeNodeNames(KilnPass):
+    """Drop the leading ``/`` of node names (torch's exporter writes ``/2/Conv``).
+
+    onnx2tf names the variables it creates after the node (a grouped Conv becomes a Keras
+    Conv2D whose kernel is ``/2/Conv/kernel``), and TensorFlow refuses to save a variable
+    whose name is not a valid root scope, which may not start with ``/``.
+    """
+
+    name = "onnx2tf_scope_safe_node_names"
+    summary = "drop the leading '/' of node names (TensorFlow cannot save variables named after them)"
+
+    def call(self, model: ir.Model) -> PassResult:
+        taken = {node.name for graph in model.graphs() for node in graph}
+        modified = False
+        for graph in model.graphs():
+            for node in graph:
+                name = node.name or ""
+                if not name.startswith("/"):
+                    continue
+                base = name.lstrip("/") or "node"
+                new, n = base, 1
+                while new in taken:
+                    new, n = f"{base}_{n}", n + 1
+                taken.add(new)
+                node.name = new
+                modified = True
+        return PassResult(model, modified)
+
+
 class FoldConstantOfShape(KilnPass):
     """Fold ConstantOfShape nodes (and what they feed) once their shape is constant.
 
@@ -232,7 +261,9 @@ def _prepare(
     # optimiser's output leaves out for onnxruntime's sake (issue 12): infer them again.
     passes = [FixInputShapes(fixed), FoldConstantOfShape(), *default_passes()] if fixed else [ShapeInference()]
     prepared, report = optimize_model(
-        model, [*passes, FuseErfGelu(), ConstantOperandLast(), NameNodes()], keep_inferred_shapes=True
+        model,
+        [*passes, FuseErfGelu(), ConstantOperandLast(), NameNodes(), ScopeSafeNodeNames()],
+        keep_inferred_shapes=True,
     )
     return prepared, [r.to_dict() for r in report.passes]
 
@@ -645,8 +676,11 @@ def onnx_to_savedmodel(ctx: StepContext) -> Artifact:
     # Only the variables are tracked, so they are saved with the graph. Tracking the Keras
     # model itself makes TensorFlow serialise every layer's call function as well: measured
     # 62 s against 1.4 s to save an 11M-parameter BERT, for nothing the signature uses.
-    module.kept_variables = list(tf_model.variables)
+    # They are the variables the traced signature reads, not the Keras model's own list:
+    # onnx2tf builds a grouped Conv as a tf_keras Conv2D inside a Lambda, whose kernel no
+    # layer tracks, and saving then failed on a captured 'untracked' ResourceHandle.
     concrete = tf.function(serve, input_signature=signature).get_concrete_function()
+    module.kept_variables = list(concrete.variables)
     dest = ctx.out_dir / SAVEDMODEL_DIR
     tf.saved_model.save(module, str(dest), signatures={DEFAULT_SIGNATURE: concrete})
     fixed_axes = {

@@ -19,7 +19,14 @@ from services.errors import ConversionFailed
 from services.formats import Format
 from services.pipeline.context import StepContext
 
-__all__ = ["DEFAULT_OPSET", "keras_to_onnx", "rename_graph_io", "savedmodel_to_onnx", "tflite_to_onnx"]
+__all__ = [
+    "DEFAULT_OPSET",
+    "check_onnx_output",
+    "keras_to_onnx",
+    "rename_graph_io",
+    "savedmodel_to_onnx",
+    "tflite_to_onnx",
+]
 
 #: ONNX opset when the spec sets none: new enough for tf2onnx's full op coverage, and read by
 #: every ONNX consumer Kiln targets (onnxruntime, OpenVINO, TensorRT, onnx2tf).
@@ -62,24 +69,134 @@ def _describe(model: Any) -> dict[str, Any]:
     }
 
 
+#: Call-node attributes that keep grappler from inlining a function into the graph. Keras 3
+#: runs grouped convolutions (and some attention) as ``tf.function(jit_compile=True)``,
+#: whose call carries ``_XlaMustCompile``; tf2onnx then left a ``StatefulPartitionedCall``
+#: node in the ONNX graph that no runtime can load. For an ONNX graph XLA means nothing.
+_NO_INLINE_ATTRS = ("_XlaMustCompile", "_XlaCompile", "_noinline")
+
+
+def _inlinable(graph_def: Any) -> int:
+    """Strip the attributes that block inlining from every node and function; return how many went."""
+    removed = 0
+    nodes = [*graph_def.node, *(n for f in graph_def.library.function for n in f.node_def)]
+    for holder in [*nodes, *graph_def.library.function]:
+        for attr in _NO_INLINE_ATTRS:
+            if attr in holder.attr:
+                del holder.attr[attr]
+                removed += 1
+    return removed
+
+
+def _lower_erfc(model: Any) -> int:
+    """Rewrite every ``Erfc`` node as ``1 - Erf(x)``; return how many there were.
+
+    tf2onnx has no handler for TensorFlow's Erfc (what Keras' exact GELU computes, as in
+    ConvNeXt) and passes it through as an ``Erfc`` node, which is no ONNX operator.
+    """
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    found = [n for n in graph.node if n.op_type == "Erfc" and n.domain in ("", "ai.onnx")]
+    if not found:
+        return 0
+    dtypes = {v.name: v.type.tensor_type.elem_type for v in [*graph.value_info, *graph.input, *graph.output]}
+    nodes = []
+    for node in graph.node:
+        if node not in found:
+            nodes.append(node)
+            continue
+        out = node.output[0]
+        dtype = helper.tensor_dtype_to_np_dtype(dtypes.get(out) or dtypes.get(node.input[0]) or 1)
+        one = numpy_helper.from_array(np.array(1, dtype=dtype), f"{node.name}/one")
+        graph.initializer.append(one)
+        nodes.append(helper.make_node("Erf", [node.input[0]], [f"{out}/erf"], name=f"{node.name}/erf"))
+        nodes.append(helper.make_node("Sub", [one.name, f"{out}/erf"], [out], name=f"{node.name}/one_minus"))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(found)
+
+
+def _left_calls(model: Any) -> list[str]:
+    """Return the op types of TensorFlow function-call nodes tf2onnx left in the ONNX graph."""
+    return sorted({n.op_type for n in model.graph.node if n.op_type.endswith("PartitionedCall")})
+
+
+def check_onnx_output(ctx: StepContext, model: Any, path: Path, what: str) -> None:
+    """Raise CONVERSION_FAILED naming tf2onnx when the ONNX it wrote is not a model onnxruntime loads.
+
+    A broken intermediate is the tool's fault, not the user's file: reported any later (by
+    the optimiser or an exporter opening it) it read as SOURCE_UNREADABLE, "truncated".
+    """
+    import onnx
+    import onnxruntime as ort
+
+    calls = _left_calls(model)
+    problem = f"it left TensorFlow function calls ({', '.join(calls)}) in the graph" if calls else ""
+    if not problem:
+        try:
+            onnx.checker.check_model(str(path))
+            ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnx.checker.ValidationError, onnxruntime's Fail/InvalidGraph...
+            problem = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+    if problem:
+        raise ConversionFailed(
+            f"{TOOL} wrote an invalid ONNX model for {what}: {problem}",
+            hint="The source model is fine; tf2onnx could not express it. Another route (e.g. through a SavedModel) may.",
+            step=ctx.step.id,
+            tool=TOOL,
+            output_tail=problem,
+        )
+
+
 def _from_function(ctx: StepContext, fn: Any, signature: list[Any], what: str) -> Artifact:
+    """Trace ``fn``, freeze it and convert the frozen graph with tf2onnx; return model.onnx.
+
+    Kiln freezes the function itself instead of calling ``tf2onnx.convert.from_function``:
+    that one takes every input of the concrete function as a graph input, captured constants
+    included (a Keras ``Normalization(mean=..., variance=...)`` layer's two became extra
+    ONNX inputs), and it cannot inline XLA-compiled calls (see ``_NO_INLINE_ATTRS``).
+    """
     import tensorflow as tf
     import tf2onnx
+    from tf2onnx import tf_loader
 
     opset = _opset(ctx)
     ctx.progress(f"converting {what} to ONNX opset {opset} with tf2onnx")
-    traced = tf.function(fn, input_signature=signature)
     out = ctx.out_dir / MODEL_FILE
     try:
-        model, _ = tf2onnx.convert.from_function(traced, input_signature=signature, opset=opset, output_path=str(out))
+        concrete = tf.function(fn, input_signature=signature).get_concrete_function()
+        # The signature's tensors come first; the rest are captures, frozen into constants.
+        inputs = [t.name for t in concrete.inputs[: len(signature)]]
+        outputs = [t.name for t in concrete.outputs if t.dtype != tf.resource]
+        renames = tf2onnx.convert.tensor_names_from_structed(concrete, inputs, outputs)
+        with tf.device("/cpu:0"):
+            frozen = tf_loader.from_function(concrete, inputs, outputs)
+        unblocked = _inlinable(frozen)
+        model, _ = tf2onnx.convert.from_graph_def(
+            frozen,
+            name=concrete.name,
+            input_names=inputs,
+            output_names=outputs,
+            opset=opset,
+            tensors_to_rename=renames,
+            output_path=str(out),
+        )
     except Exception as exc:  # tf2onnx raises ValueError, KeyError, RuntimeError... for unsupported graphs
         raise _failed(ctx, what, exc) from exc
-    return Artifact(
-        root=ctx.out_dir,
-        kind=Format.ONNX.value,
-        entry=MODEL_FILE,
-        meta={"opset": opset, "tool": TOOL, **_describe(model)},
-    )
+    lowered = _lower_erfc(model)
+    if lowered:
+        from services.onnx_io import save_onnx
+
+        save_onnx(model, out)
+    check_onnx_output(ctx, model, out, what)
+    meta: dict[str, Any] = {"opset": opset, "tool": TOOL, **_describe(model)}
+    if unblocked:
+        meta["inlined_xla_calls"] = unblocked
+    if lowered:
+        meta["erfc_lowered"] = lowered
+    return Artifact(root=ctx.out_dir, kind=Format.ONNX.value, entry=MODEL_FILE, meta=meta)
 
 
 def keras_to_onnx(ctx: StepContext) -> Artifact:
@@ -168,6 +285,7 @@ def tflite_to_onnx(ctx: StepContext) -> Artifact:
             renames[name] = public
     rename_graph_io(model, renames)
     save_onnx(model, ctx.out_dir / MODEL_FILE)
+    check_onnx_output(ctx, model, ctx.out_dir / MODEL_FILE, f"TFLite model {src.name}")
     return Artifact(
         root=ctx.out_dir,
         kind=Format.ONNX.value,

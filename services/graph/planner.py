@@ -4,6 +4,14 @@ The graph is tiny (a handful of formats, a dozen edges), so the planner enumerat
 simple path instead of running a shortest-path search: that keeps all equally cheap routes
 in view, and among them it picks the one sharing the longest prefix with routes already
 chosen for the job's other targets, so shared conversions run once.
+
+Every target also gets up to ``MAX_FALLBACKS`` alternative routes, the next cheapest, as
+dormant steps of the same plan (ids ``export:<target>@2``, ``publish:<target>@2``...): an
+edge that fails on a real model (a converter's bug, an op it cannot map, an artifact that
+fails parity) is common enough that a second route through other tools is worth keeping
+ready. They run only when every route before them failed (services/pipeline/fallback.py
+decides, for the in-process compile and the job store alike), so a plan costs nothing more
+when its first routes work.
 """
 
 from __future__ import annotations
@@ -26,7 +34,20 @@ from services.graph.registry import (
 )
 from services.spec import CompileSpec, Precision, TargetName
 
-__all__ = ["Plan", "PlanStep", "Route", "plan_routes", "published_name", "reachable_formats", "resolve_engine"]
+__all__ = [
+    "MAX_FALLBACKS",
+    "Plan",
+    "PlanStep",
+    "Route",
+    "RouteOption",
+    "plan_routes",
+    "published_name",
+    "reachable_formats",
+    "resolve_engine",
+]
+
+#: Alternative routes kept ready per target, beyond the chosen one.
+MAX_FALLBACKS = 2
 
 
 def resolve_engine(family: str, spec: CompileSpec | None) -> str:
@@ -71,6 +92,8 @@ class PlanStep:
     # Ordering-only dependencies (not inputs, so not part of the cache key): steps reading
     # the source wait for the reference step, so an unreadable source fails once, up front.
     after: list[str] = field(default_factory=list)
+    # Only on a fallback route: runs when the routes before it failed.
+    fallback: bool = False
 
     @property
     def queue(self) -> str:
@@ -96,6 +119,7 @@ class PlanStep:
             "tool": self.tool,
             "format_out": self.format_out,
             "after": list(self.after),
+            "fallback": self.fallback,
         }
 
     @classmethod
@@ -111,7 +135,32 @@ class PlanStep:
             tool=d.get("tool", ""),
             format_out=d.get("format_out"),
             after=list(d.get("after", [])),
+            fallback=bool(d.get("fallback", False)),
         )
+
+
+@dataclass(frozen=True)
+class RouteOption:
+    """One way a target may be built: its route, cost, and the export and publish steps ending it."""
+
+    route: str
+    cost: float
+    export: str  # step id
+    publish: str  # step id
+    tools: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "route": self.route,
+            "cost": self.cost,
+            "export": self.export,
+            "publish": self.publish,
+            "tools": list(self.tools),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RouteOption:
+        return cls(d["route"], float(d["cost"]), d["export"], d["publish"], tuple(d.get("tools", ())))
 
 
 @dataclass
@@ -120,8 +169,17 @@ class Plan:
 
     source_format: Format
     steps: list[PlanStep]
-    routes: dict[str, str]  # target -> human-readable route
+    routes: dict[str, str]  # target -> human-readable route (the first choice)
     shared: list[str] = field(default_factory=list)  # ids of steps feeding more than one target
+    # target -> its routes in the order they are tried: the chosen one, then the fallbacks.
+    options: dict[str, list[RouteOption]] = field(default_factory=dict)
+
+    def route_options(self, target: str) -> list[RouteOption]:
+        """Return the routes of ``target`` in the order they are tried (plans from before fallbacks: one)."""
+        known = self.options.get(target)
+        if known:
+            return known
+        return [RouteOption(self.routes[target], 0.0, f"export:{target}", f"publish:{target}")]
 
     def step(self, step_id: str) -> PlanStep:
         for s in self.steps:
@@ -135,6 +193,7 @@ class Plan:
             "routes": dict(self.routes),
             "shared_steps": list(self.shared),
             "steps": [s.to_dict() for s in self.steps],
+            "route_options": {t: [o.to_dict() for o in opts] for t, opts in self.options.items()},
         }
 
     @classmethod
@@ -144,6 +203,7 @@ class Plan:
             steps=[PlanStep.from_dict(s) for s in d["steps"]],
             routes=dict(d["routes"]),
             shared=list(d.get("shared_steps", [])),
+            options={t: [RouteOption.from_dict(o) for o in opts] for t, opts in d.get("route_options", {}).items()},
         )
 
 
@@ -224,8 +284,10 @@ def _shared_prefix(a: tuple[Converter, ...], b: tuple[Converter, ...]) -> int:
     return n
 
 
-def _choose_routes(reg: Registry, source: Format, spec: CompileSpec) -> dict[TargetName, Route]:
+def _choose_routes(reg: Registry, source: Format, spec: CompileSpec, fallbacks: int) -> dict[TargetName, list[Route]]:
+    """Return each target's routes in the order to try them: the chosen one, then up to ``fallbacks`` more."""
     chosen: dict[TargetName, Route] = {}
+    others: dict[TargetName, list[Route]] = {}
     errors = []
     for target in spec.targets:
         candidates = _candidate_routes(reg, source, target, spec.precision)
@@ -243,6 +305,9 @@ def _choose_routes(reg: Registry, source: Format, spec: CompileSpec) -> dict[Tar
             )
         )
         chosen[target] = cheapest[0]
+        rest = [r for r in candidates if r is not cheapest[0]]
+        rest.sort(key=lambda r: (r.cost, len(r.converters), [c.name for c in r.converters]))
+        others[target] = rest[:fallbacks]
     if errors:
         if len(errors) == 1:
             raise errors[0]
@@ -251,7 +316,7 @@ def _choose_routes(reg: Registry, source: Format, spec: CompileSpec) -> dict[Tar
             hint=" ".join(e.hint for e in errors),
             targets=[e.details for e in errors],
         )
-    return chosen
+    return {t: [route, *others[t]] for t, route in chosen.items()}
 
 
 def published_name(base: str, target: str, n_targets: int) -> str:
@@ -260,9 +325,18 @@ def published_name(base: str, target: str, n_targets: int) -> str:
 
 
 def plan_routes(
-    source: Format, spec: CompileSpec, registry: Registry | None = None, *, default_name: str = "model"
+    source: Format,
+    spec: CompileSpec,
+    registry: Registry | None = None,
+    *,
+    default_name: str = "model",
+    fallbacks: int = MAX_FALLBACKS,
 ) -> Plan:
-    """Return the job's plan: reference, shared conversions, then export and publish per target."""
+    """Return the job's plan: reference, shared conversions, then export and publish per target.
+
+    Each target's chosen route comes first; its fallback routes (``fallbacks`` at most, in
+    cost order) follow as steps marked ``fallback`` unless another route already has them.
+    """
     reg = registry or default_registry()
     base_name = spec.name or default_name
     if source is Format.TENSORRT_PLAN:
@@ -271,7 +345,7 @@ def plan_routes(
             hint="Submit the ONNX (or framework) model the plan was built from.",
             source_format=source.value,
         )
-    chosen = _choose_routes(reg, source, spec)
+    chosen = _choose_routes(reg, source, spec, fallbacks)
     steps: dict[str, PlanStep] = {}
     order: list[str] = []
     users: dict[str, set[str]] = {}
@@ -293,13 +367,14 @@ def plan_routes(
             format_out="reference",
         )
     )
-    routes_text: dict[str, str] = {}
-    for target, route in chosen.items():
+
+    def add_route(target: TargetName, route: Route, rank: int) -> RouteOption:
+        fallback = rank > 1
         prev = "source"
         chain: list[str] = []
         fmt: Format = source
 
-        def maybe_optimize(fmt: Format, prev: str, chain: list[str]) -> str:
+        def maybe_optimize(fmt: Format, prev: str) -> str:
             if fmt is not Format.ONNX or not spec.optimize:
                 return prev
             chain.append("optimize")
@@ -313,10 +388,11 @@ def plan_routes(
                     after=[ref_id] if prev == "source" else [],
                     tool="kiln passes",
                     format_out=Format.ONNX.value,
+                    fallback=fallback,
                 )
             )
 
-        prev = maybe_optimize(fmt, prev, chain)
+        prev = maybe_optimize(fmt, prev)
         for conv in route.converters:
             chain.append(conv.name)
             prev = add(
@@ -330,16 +406,20 @@ def plan_routes(
                     options={"opset": spec.opset, "signature": spec.signature},
                     tool=conv.tool,
                     format_out=conv.target.value,
+                    fallback=fallback,
                 )
             )
             fmt = conv.target
-            prev = maybe_optimize(fmt, prev, chain)
-        for sid in chain_ids(chain):
-            users.setdefault(sid, set()).add(target.value)
+            prev = maybe_optimize(fmt, prev)
+        if not fallback:
+            for sid in chain_ids(chain):
+                users.setdefault(sid, set()).add(target.value)
         exp = route.exporter
+        suffix = f"@{rank}" if fallback else ""
+        described = route.describe(source, spec.optimize)
         export_id = add(
             PlanStep(
-                id=f"export:{target.value}",
+                id=f"export:{target.value}{suffix}",
                 kind="export",
                 engine=resolve_engine(exp.engine, spec),
                 entry=exp.entry,
@@ -348,26 +428,37 @@ def plan_routes(
                 target=target.value,
                 tool=exp.entry.rsplit(":", 1)[-1],
                 format_out=(exp.artifact_format or fmt).value,
+                fallback=fallback,
             )
         )
-        add(
+        publish_id = add(
             PlanStep(
-                id=f"publish:{target.value}",
+                id=f"publish:{target.value}{suffix}",
                 kind="publish",
                 engine=resolve_engine(exp.engine, spec),
                 entry=PUBLISH_ENTRY,
                 inputs={"model": export_id},
-                options={
-                    "name": published_name(base_name, target.value, len(spec.targets)),
-                    "route": route.describe(source, spec.optimize),
-                },
+                options={"name": published_name(base_name, target.value, len(spec.targets)), "route": described},
                 target=target.value,
                 tool="model repository",
+                fallback=fallback,
             )
         )
-        routes_text[target.value] = route.describe(source, spec.optimize)
+        tools = tuple(c.tool for c in route.converters)
+        return RouteOption(described, route.cost, export_id, publish_id, tools)
+
+    options: dict[str, list[RouteOption]] = {}
+    # Every target's first choice before any fallback, so the fallbacks' steps come last
+    # and a step both kinds of route use is a first-choice step.
+    for target, routes in chosen.items():
+        options[target.value] = [add_route(target, routes[0], 1)]
+    for target, routes in chosen.items():
+        options[target.value] += [add_route(target, route, rank) for rank, route in enumerate(routes[1:], start=2)]
+    routes_text = {t: opts[0].route for t, opts in options.items()}
     shared = [sid for sid in order if len(users.get(sid, ())) > 1]
-    return Plan(source_format=source, steps=[steps[i] for i in order], routes=routes_text, shared=shared)
+    return Plan(
+        source_format=source, steps=[steps[i] for i in order], routes=routes_text, shared=shared, options=options
+    )
 
 
 def chain_ids(chain: list[str]) -> list[str]:

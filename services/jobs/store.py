@@ -50,6 +50,7 @@ from services.jobs.models import (
     WorkerRecord,
     utcnow,
 )
+from services.pipeline.fallback import TargetRouting, needed_steps, route_failed_event, route_failures, routing
 from services.pipeline.results import blocked_by, target_results
 from services.public_errors import public_error
 
@@ -62,6 +63,15 @@ SCOPES = ("read", "write", "admin")
 def hash_token(token: str) -> str:
     """Return the stored form of a bearer token."""
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _routing(plan: Plan, rows: dict[str, JobStep]) -> dict[str, TargetRouting]:
+    """Return each target's routing from the job's step rows."""
+    return routing(
+        plan,
+        {sid: r.status for sid, r in rows.items()},
+        {sid: r.error for sid, r in rows.items() if r.error},
+    )
 
 
 def _running_attempt(job_id: str, step_id: str, attempt: int) -> Any:
@@ -116,6 +126,7 @@ class ClaimedStep:
     plan: dict[str, Any]
     source_format: str = ""
     source_seen: str = ""
+    route_attempts: list[dict[str, Any]] | None = None  # publish steps: the target's routes tried so far
 
 
 @dataclass(frozen=True)
@@ -516,6 +527,10 @@ class JobStore:
             if r is None or r.status != "succeeded" or not r.artifact_key:
                 return None  # not runnable yet: a redelivery raced ahead of its input
             keys[role] = r.artifact_key
+        attempts = None
+        if row.kind == "publish" and row.target:
+            routes = _routing(known.plan, rows)
+            attempts = [a.to_dict() for a in routes[row.target].tried]
         row.status, row.attempt, row.worker = "running", row.attempt + 1, worker
         row.started_at, row.heartbeat_at, row.input_keys = now, now, keys
         row.finished_at = row.seconds = row.error = None
@@ -541,6 +556,7 @@ class JobStore:
             plan=known.plan_dict,
             source_format=job.source_format,
             source_seen=job.source_seen,
+            route_attempts=attempts,
         )
 
     def heartbeat(self, job_id: str, step_id: str, attempt: int, progress: Sequence[str] = ()) -> tuple[bool, bool]:
@@ -607,6 +623,7 @@ class JobStore:
             # Under the job's lock nothing else moves the step: checked here, true at commit.
             if row is None or row.attempt != attempt or row.status != "running":
                 return None
+            before = _routing(known.plan, rows)
             row.status, row.finished_at, row.heartbeat_at, row.seconds = status, now, now, seconds
             row.artifact_key, row.cached, row.meta, row.error, row.log = artifact_key, cached, meta, error, log
             for m in progress:
@@ -617,7 +634,7 @@ class JobStore:
                 self.add_event(s, job_id, "step_cancelled", step_id)
             else:
                 self.add_event(s, job_id, "step_failed", step_id, error=error)
-            return self._advance(s, job, rows, known, now, continue_on=continue_on, worker=worker)
+            return self._advance(s, job, rows, known, now, continue_on=continue_on, worker=worker, before=before)
 
     def release_step(self, job_id: str, step_id: str, attempt: int, reason: str) -> bool:
         """Give a claimed step back to its queue (a transient failure; the task will be retried)."""
@@ -647,32 +664,53 @@ class JobStore:
         *,
         continue_on: Collection[str] = (),
         worker: str = "",
+        before: dict[str, TargetRouting] | None = None,
     ) -> Advance:
-        """Move the job on from the state of its step ``rows`` (loaded under its lock)."""
+        """Move the job on from the state of its step ``rows`` (loaded under its lock).
+
+        Steps are queued only for each target's route in progress; a route that failed in a
+        way another route may avoid hands over to the next (services/pipeline/fallback.py),
+        with a ``route_failed`` event. Steps no route can need any more are skipped, with
+        ``meta.not_needed`` saying why. ``before``: the routing before the change that
+        led here, to tell which routes failed just now.
+        """
         job_id = job.id
         if job.status in FINAL_JOB_STATES:
             return Advance(queued=[])
         plan = known.plan
+        if before is None:
+            before = _routing(plan, rows)
         failed: dict[str, dict[str, Any]] = {
             sid: (r.error or {"code": "INTERNAL", "message": f"step {sid} {r.status}"})
             for sid, r in rows.items()
-            if r.status in ("failed", "skipped", "cancelled")
+            if r.status in ("failed", "skipped", "cancelled") and not (r.meta or {}).get("not_needed")
         }
         queued: list[tuple[str, str]] = []
-        for step in plan.steps:  # plan order is dependency order, so skips cascade in one pass
-            row = rows[step.id]
-            if row.status != "pending":
-                continue
-            blocker = blocked_by(step, failed)
-            if blocker is not None:
-                row.status, row.error, row.finished_at = "skipped", blocker, now
-                failed[step.id] = blocker
-                self.add_event(s, job_id, "step_skipped", step.id, because=blocker.get("code"))
-                continue
-            if all(rows[d].status == "succeeded" for d in step.depends_on):
-                row.status, row.queued_at = "queued", now
-                queued.append((step.id, step.engine))
-                self.add_event(s, job_id, "step_queued", step.id, queue=step.queue)
+        moved = True
+        while moved:  # a skip can end a route, which brings the next route's steps in
+            moved = False
+            routes = _routing(plan, rows)
+            now_needed, may_need = needed_steps(plan, routes)
+            for step in plan.steps:  # plan order is dependency order, so skips cascade in one pass
+                row = rows[step.id]
+                if row.status != "pending":
+                    continue
+                blocker = blocked_by(step, failed)
+                if blocker is not None:
+                    row.status, row.error, row.finished_at = "skipped", blocker, now
+                    failed[step.id] = blocker
+                    self.add_event(s, job_id, "step_skipped", step.id, because=blocker.get("code"))
+                    moved = True
+                elif step.id not in may_need:
+                    row.status, row.finished_at = "skipped", now
+                    row.meta = {"not_needed": "every target using this step is done with an earlier route"}
+                elif step.id in now_needed and all(rows[d].status == "succeeded" for d in step.depends_on):
+                    row.status, row.queued_at = "queued", now
+                    queued.append((step.id, step.engine))
+                    self.add_event(s, job_id, "step_queued", step.id, queue=step.queue)
+        for target, attempt, nxt in route_failures(before, routes):
+            event = route_failed_event(target, attempt, nxt)
+            self.add_event(s, job_id, event.pop("type"), event.pop("step", None), **event)
         claimed = None
         for step_id, engine in queued:
             if engine in continue_on:
@@ -688,11 +726,12 @@ class JobStore:
             {sid: (r.meta or {}) for sid, r in ok_rows.items()},
             {sid: r.artifact_key for sid, r in ok_rows.items()},
             failed,
+            {sid: r.status for sid, r in rows.items()},
         )
         all_ok = all(t.status == "succeeded" for t in results.values())
         job.status = "succeeded" if all_ok else "failed"
         job.result = {t: r.to_dict() for t, r in results.items()}
-        job.cached = all(r.cached for r in rows.values())
+        job.cached = all(r.cached for r in rows.values() if not (r.meta or {}).get("not_needed"))
         job.finished_at = now
         self.add_event(s, job_id, "finished", status=job.status, ok=all_ok, cached=job.cached)
         return Advance(queued=[], final_status=job.status)

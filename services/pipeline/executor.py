@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from services.artifacts import Artifact
-from services.errors import ConversionFailed, EngineUnavailable, KilnError, StorageFull
+from services.errors import ConversionFailed, EngineUnavailable, KilnError, SourceUnreadable, StorageFull
 from services.formats import DetectedSource
 from services.graph.planner import PlanStep
 from services.graph.registry import load_entry
@@ -104,6 +104,21 @@ def _lineage(inputs: dict[str, Artifact], record: dict[str, Any]) -> list[dict[s
     return out
 
 
+def _broken_intermediate(step: PlanStep, model: Artifact, exc: SourceUnreadable) -> ConversionFailed:
+    """Return CONVERSION_FAILED naming the tool whose output ``step`` could not read."""
+    lineage = model.meta.get("lineage") or []
+    producer = lineage[-1] if lineage else {}
+    tool = producer.get("tool") or model.meta.get("tool") or "the previous step"
+    return ConversionFailed(
+        f"{tool} (step {producer.get('step', '?')}) wrote a model that {step.tool} cannot read: {exc.message}",
+        hint=f"The source model is fine; {tool} produced a broken {model.kind} model. Another route may avoid it.",
+        step=producer.get("step", step.id),
+        tool=tool,
+        read_by=step.id,
+        output_tail=exc.message[-2000:],
+    )
+
+
 def run_step(step: PlanStep, *, store: ArtifactStore, **kwargs: Any) -> StepOutcome:
     """Run ``step`` (or take its output from the cache) while holding the store against pruning.
 
@@ -127,12 +142,14 @@ def _run_step(
     calibration_path: Path | None = None,
     calibration_sha: str | None = None,
     use_cache: bool = True,
+    route_attempts: list[dict[str, Any]] | None = None,
 ) -> StepOutcome:
     """Run ``step`` (or take its output from the cache); return where its artifact is.
 
     ``input_keys`` maps each role of ``step.inputs`` to the store key of that input
     ("source" roles need no key). Any non-Kiln exception becomes CONVERSION_FAILED naming
-    the step, the tool and the tail of the traceback.
+    the step, the tool and the tail of the traceback. ``route_attempts`` (publish steps):
+    the target's routes tried so far, for the manifest.
     """
     started = time.perf_counter()
     cacheable = step.kind != "publish"
@@ -167,7 +184,10 @@ def _run_step(
         scratch=scratch,
         repository=repository,
         on_progress=on_progress,
-        extras={"calibration_path": calibration_path} if calibration_path else {},
+        extras={
+            **({"calibration_path": calibration_path} if calibration_path else {}),
+            **({"route_attempts": route_attempts} if route_attempts else {}),
+        },
         input_keys=dict(input_keys),
         use_cache=use_cache,
     )
@@ -181,6 +201,13 @@ def _run_step(
         ) from exc
     try:
         art: Artifact = func(ctx)
+    except SourceUnreadable as exc:
+        if step.inputs.get("model", "source") == "source":
+            exc.details.setdefault("step", step.id)
+            raise
+        # The file that would not load is an intermediate artifact, not the user's model:
+        # the tool that wrote it produced something broken.
+        raise _broken_intermediate(step, inputs["model"], exc) from exc
     except KilnError as exc:
         exc.details.setdefault("step", step.id)
         raise

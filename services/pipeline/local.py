@@ -2,6 +2,8 @@
 
 This is what `kiln compile` calls. A target whose step fails is reported with its error
 code; the job's other targets go on, since they share nothing after their common prefix.
+When a target's route fails in a way another route may avoid, its next route runs
+(services/pipeline/fallback.py), and a ``route_failed`` event says which failed and why.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from typing import Any
 
 from services.errors import KilnError
 from services.formats import DetectedSource, open_source, sha256_path
-from services.graph.planner import Plan, plan_routes
+from services.graph.planner import Plan, PlanStep, plan_routes
 from services.pipeline.executor import StepOutcome, run_step
+from services.pipeline.fallback import TargetRouting, needed_steps, route_failed_event, route_failures, routing
 from services.pipeline.results import TargetResult, blocked_by, target_results
 from services.repository.base import ModelRepository
 from services.spec import CompileSpec
@@ -59,6 +62,16 @@ def _progress_to(emit: Callable[[Event], None], step_id: str) -> Callable[[str],
     return progress
 
 
+def _next_step(plan: Plan, routes: dict[str, TargetRouting], status: dict[str, str]) -> PlanStep | None:
+    """Return the first pending step (plan order) a route in progress needs whose inputs are done or failed."""
+    now, _ = needed_steps(plan, routes)
+    for step in plan.steps:
+        if status[step.id] == "pending" and step.id in now:
+            if all(status[d] != "pending" for d in step.depends_on):
+                return step
+    return None
+
+
 def compile_model(
     model_path: Path,
     spec: CompileSpec,
@@ -82,14 +95,14 @@ def compile_model(
         calibration_sha = sha256_path(calibration_path) if calibration_path and calibration_path.exists() else None
         outcomes: dict[str, StepOutcome] = {}
         failed: dict[str, KilnError] = {}
-        for step in plan.steps:
-            blocker = blocked_by(step, failed)
-            if blocker is not None:
-                failed[step.id] = blocker
-                emit({"type": "step_skipped", "step": step.id, "because": blocker.code})
-                continue
+        status = {s.id: "pending" for s in plan.steps}
+        errors: dict[str, dict[str, Any]] = {}
+        routes = routing(plan, status, errors)
+
+        def run(step: PlanStep) -> StepOutcome | KilnError:
             emit({"type": "step_started", "step": step.id, "kind": step.kind, "engine": step.engine})
             keys = {role: outcomes[dep].key or "" for role, dep in step.inputs.items() if dep != "source"}
+            attempts = routes[step.target].attempts if step.kind == "publish" and step.target else None
             try:
                 outcome = run_step(
                     step,
@@ -98,18 +111,17 @@ def compile_model(
                     source=source,
                     input_keys=keys,
                     store=store,
-                    scratch=scratch / "steps" / str(len(outcomes)),
+                    scratch=scratch / "steps" / str(len(outcomes) + len(failed)),
                     repository=repository,
                     on_progress=_progress_to(emit, step.id),
                     calibration_path=calibration_path,
                     calibration_sha=calibration_sha,
                     use_cache=use_cache,
+                    route_attempts=[a.to_dict() for a in attempts if a.status != "not tried"] if attempts else None,
                 )
             except KilnError as exc:
-                failed[step.id] = exc
                 emit({"type": "step_failed", "step": step.id, "error": exc.to_dict()})
-                continue
-            outcomes[step.id] = outcome
+                return exc
             emit(
                 {
                     "type": "step_finished",
@@ -118,11 +130,28 @@ def compile_model(
                     "cached": outcome.cached,
                 }
             )
+            return outcome
+
+        while (step := _next_step(plan, routes, status)) is not None:
+            blocker = blocked_by(step, failed)
+            if blocker is not None:
+                failed[step.id], errors[step.id], status[step.id] = blocker, blocker.to_dict(), "skipped"
+                emit({"type": "step_skipped", "step": step.id, "because": blocker.code})
+            else:
+                outcome = run(step)
+                if isinstance(outcome, KilnError):
+                    failed[step.id], errors[step.id], status[step.id] = outcome, outcome.to_dict(), "failed"
+                else:
+                    outcomes[step.id], status[step.id] = outcome, "succeeded"
+            before, routes = routes, routing(plan, status, errors)
+            for target, attempt, nxt in route_failures(before, routes):
+                emit(route_failed_event(target, attempt, nxt))
         targets = target_results(
             plan,
             {sid: o.meta for sid, o in outcomes.items()},
             {sid: str(o.artifact.path) for sid, o in outcomes.items()},
-            {sid: e.to_dict() for sid, e in failed.items()},
+            errors,
+            status,
         )
         emit({"type": "finished", "ok": all(t.status == "succeeded" for t in targets.values())})
         return CompileResult(job_id=job_id, source=source, plan=plan, steps=outcomes, targets=targets)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from services.graph.planner import Plan, PlanStep
+from services.pipeline.fallback import all_routes_failed, route_step_ids, routing
 
 __all__ = ["TargetResult", "blocked_by", "target_results", "target_step_ids"]
 
@@ -33,6 +34,7 @@ class TargetResult:
     published: dict[str, Any] | None = None
     artifact: str | None = None
     warnings: list[str] = field(default_factory=list)  # fallbacks the export took (also in the manifest)
+    attempts: list[dict[str, Any]] = field(default_factory=list)  # each route tried, in order
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -47,17 +49,8 @@ def blocked_by(step: PlanStep, failed: Mapping[str, T]) -> T | None:
 
 
 def target_step_ids(plan: Plan, target: str) -> list[str]:
-    """Return the ids of every step a target depends on, in plan order (shared steps included)."""
-    by_id = {s.id: s for s in plan.steps}
-    needed: set[str] = set()
-    frontier = [f"publish:{target}"]
-    while frontier:
-        sid = frontier.pop()
-        if sid in needed or sid not in by_id:
-            continue
-        needed.add(sid)
-        frontier.extend(by_id[sid].depends_on)
-    return [s.id for s in plan.steps if s.id in needed]
+    """Return the ids of every step a target's first-choice route needs, in plan order (shared steps included)."""
+    return route_step_ids(plan, plan.route_options(target)[0])
 
 
 def target_results(
@@ -65,29 +58,39 @@ def target_results(
     metas: Mapping[str, dict[str, Any]],
     artifacts: Mapping[str, str | None],
     errors: Mapping[str, dict[str, Any]],
+    status: Mapping[str, str] | None = None,
 ) -> dict[str, TargetResult]:
     """Return each target's result from the finished steps' ``metas``/``artifacts`` and the ``errors`` of failed ones.
 
-    A target succeeded when its publish step did; otherwise its error is the publish step's
-    recorded failure (a skipped publish carries the failure that blocked it).
+    A target succeeded when the publish step of one of its routes did; its route is that
+    one. Otherwise its error is its last route's failure, or, when it tried several, one
+    error naming every attempt. ``status`` is each step's state (derived from ``metas``
+    and ``errors`` when not given: a step with a meta succeeded, one with an error failed).
     """
-    results = {t: TargetResult(target=t, route=r) for t, r in plan.routes.items()}
-    for target, result in results.items():
-        export_id, publish_id = f"export:{target}", f"publish:{target}"
-        if export_id in metas:
-            meta = metas[export_id]
+    if status is None:
+        status = {**{sid: "failed" for sid in errors}, **{sid: "succeeded" for sid in metas}}
+    routes = routing(plan, status, errors)
+    results = {}
+    for target, r in routes.items():
+        index = r.winner if r.winner is not None else max(len(r.tried) - 1, 0)
+        option = r.options[index]
+        result = TargetResult(target=target, route=option.route, attempts=[a.to_dict() for a in r.tried])
+        results[target] = result
+        if option.export in metas:
+            meta = metas[option.export]
             result.parity = meta.get("parity")
             result.benchmark = meta.get("benchmark", [])
             result.warnings = list(meta.get("warnings", []))
             result.vs_fp32 = meta.get("vs_fp32")
-            result.artifact = artifacts.get(export_id)
-        if publish_id in metas:
+            result.artifact = artifacts.get(option.export)
+        if r.winner is not None:
             result.status = "succeeded"
-            result.published = metas[publish_id].get("published")
-        else:
-            err = errors.get(publish_id)
-            result.status = "failed"
-            result.error = err or {"code": "INTERNAL", "message": "step did not run"}
-            if err is not None and "parity" in (err.get("details") or {}):
-                result.parity = err["details"]["parity"]
+            result.published = metas[option.publish].get("published")
+            continue
+        last = r.tried[-1] if r.tried else None
+        err = (last.error if last else None) or errors.get(option.publish)
+        result.status = "failed"
+        result.error = all_routes_failed(r) or err or {"code": "INTERNAL", "message": "step did not run"}
+        if err is not None and "parity" in (err.get("details") or {}):
+            result.parity = err["details"]["parity"]
     return results

@@ -12,6 +12,12 @@ from services.repository.publish import publish_version
 __all__ = ["build_manifest", "run_publish_step"]
 
 
+def _route_attempts(ctx: StepContext) -> list[dict[str, Any]]:
+    """Return the target's routes tried, in order: the failed ones, then this one (published)."""
+    tried = ctx.extras.get("route_attempts") or [{"rank": 1, "route": ctx.step.options.get("route")}]
+    return [{**a, "status": "published"} if a.get("status", "running") == "running" else a for a in tried]
+
+
 def build_manifest(ctx: StepContext, exported: Artifact) -> dict[str, Any]:
     """Return the provenance manifest: source, route, passes, speed guard, tools, precision, parity, benchmark."""
     meta = exported.meta
@@ -37,6 +43,8 @@ def build_manifest(ctx: StepContext, exported: Artifact) -> dict[str, Any]:
             "detected_as": ctx.source.seen,
         },
         "route": ctx.step.options.get("route"),
+        # Every route tried for this target, in order: those that failed (tool, code, message) and this one.
+        "route_attempts": _route_attempts(ctx),
         "steps": [
             {k: rec.get(k) for k in ("step", "kind", "tool", "engine", "seconds", "tool_versions")} for rec in lineage
         ],
