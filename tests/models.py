@@ -186,7 +186,14 @@ def tiny_gpt2_onnx(path: Path, *, n_embd: int = 64, n_layer: int = 2, n_head: in
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(
-        vocab_size=GPT2_VOCAB, n_positions=max(64, seq), n_embd=n_embd, n_layer=n_layer, n_head=n_head, use_cache=False
+        vocab_size=GPT2_VOCAB,
+        n_positions=max(64, seq),
+        n_embd=n_embd,
+        n_layer=n_layer,
+        n_head=n_head,
+        use_cache=False,
+        bos_token_id=0,
+        eos_token_id=0,
     )
     config._attn_implementation = "eager"
     lm = GPT2LMHeadModel(config).eval()
