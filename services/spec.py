@@ -127,11 +127,12 @@ DEFAULT_TOLERANCES: dict[Precision, Tolerances] = {
     Precision.FP16: Tolerances(atol=2e-2, rtol=5e-2, min_cosine=0.999, min_top1=0.9),
     # None: not checked. Elementwise error after int8 quantisation is a poor signal.
     Precision.INT8: Tolerances(atol=None, rtol=None, min_cosine=0.98, min_top1=0.75),
-    # int4 weight-only, MatMul weights in blocks of 32. Measured on random-weight 2-layer GPT-2s
-    # (n_embd 64, three seeds), logits against fp32: cosine 0.994 (onnxruntime MatMulNBits) and
-    # 0.997 (OpenVINO NNCF INT4_SYM), per-position top-1 0.98-1.00. The bounds keep int8's:
-    # room for other models and draws, and still far above what a broken model gives.
-    Precision.INT4: Tolerances(atol=None, rtol=None, min_cosine=0.98, min_top1=0.75),
+    # int4 weight-only, MatMul weights in blocks of 32, logits cosine against fp32 measured on
+    # random-weight GPT-2s: 2 layers, n_embd 64 (three seeds) 0.994 onnxruntime MatMulNBits,
+    # 0.997 OpenVINO NNCF INT4_SYM, per-position top-1 0.98-1.00; 4 layers, n_embd 256,
+    # vocabulary 8192 (benchmarks/bench_int4.py) 0.983 and 0.987. Error grows with depth and
+    # width, so 0.95 leaves room for larger models; top-1 keeps int8's bound.
+    Precision.INT4: Tolerances(atol=None, rtol=None, min_cosine=0.95, min_top1=0.75),
 }
 
 

@@ -51,7 +51,8 @@ def test_kiln_compile_int4_gpt2_on_both_targets(gpt2_onnx: Path, tmp_path: Path)
         t = result["targets"][target]
         assert t["status"] == "succeeded" and t["parity"]["passed"], t
         (logits,) = t["parity"]["outputs"]
-        assert INT4.min_cosine <= logits["cosine"] < 0.99999, logits  # inside tolerance, and really changed
+        # Inside the default, and as close as measured on this model (0.994 / 0.997), yet really changed.
+        assert max(INT4.min_cosine, 0.98) <= logits["cosine"] < 0.99999, logits
         assert logits["max_abs"] > 1e-4
 
     ort_dir = repo / "lm-onnxruntime" / "1"
