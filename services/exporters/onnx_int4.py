@@ -6,10 +6,18 @@ block size are compressed: each block of ``BLOCK_SIZE`` weights along K gets its
 Gemm and torch exports ``nn.Linear`` as Gemm, but MatMulNBitsQuantizer only takes MatMul, so
 constant-weight Gemms are first split back into MatMul (+ Add for the bias); the split is
 exact (same products, same sum).
+
+Embedding tables (a Gather from a constant 2-D float table whose row length divides into
+blocks) become GatherBlockQuantized int4 too: with a large vocabulary they are the biggest
+weight of an LLM-class model. Measured on a random-weight GPT-2 (4 layers, n_embd 256,
+vocabulary 8192): artifact 0.40 -> 0.16 of fp32, logits cosine 0.983 -> 0.981.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +27,24 @@ from onnx import helper, numpy_helper
 
 from services.onnx_io import load_onnx, save_onnx
 
-__all__ = ["BLOCK_SIZE", "eligible_matmuls", "quantize_int4", "split_constant_gemms"]
+__all__ = ["BLOCK_SIZE", "eligible_gathers", "eligible_matmuls", "quantize_int4", "split_constant_gemms"]
 
 #: 32 rather than onnxruntime's default 128: hidden sizes of small models (64, 96, ...) are
 #: multiples of 32 and not of 128, and smaller blocks keep more accuracy (one scale per 32
 #: weights: 4.5 bits a weight instead of 4.125).
 BLOCK_SIZE = 32
+
+
+@contextlib.contextmanager
+def _quiet_quantizer() -> Iterator[None]:
+    # The quantizer logs two INFO lines per node to the root handler: noise in a step's log.
+    log = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
+    level = log.level
+    log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def _attr(node: onnx.NodeProto, name: str, default: Any) -> Any:
@@ -82,6 +102,23 @@ def eligible_matmuls(model: onnx.ModelProto, block_size: int = BLOCK_SIZE) -> li
     return names
 
 
+def eligible_gathers(model: onnx.ModelProto, block_size: int = BLOCK_SIZE) -> list[str]:
+    """Return the names of Gathers along axis 0 of a constant 2-D float table whose rows divide into blocks."""
+    inits = {i.name: i for i in model.graph.initializer}
+    names = []
+    for node in model.graph.node:
+        table = inits.get(node.input[0]) if node.op_type == "Gather" else None
+        if (
+            table is not None
+            and _attr(node, "axis", 0) == 0
+            and len(table.dims) == 2
+            and table.data_type == onnx.TensorProto.FLOAT
+            and table.dims[1] % block_size == 0
+        ):
+            names.append(node.name)
+    return names
+
+
 def quantize_int4(src: Path, dst: Path, block_size: int = BLOCK_SIZE) -> dict[str, Any]:
     """Write ``src`` with its eligible MatMul weights as MatMulNBits int4; return the settings and counts.
 
@@ -96,22 +133,34 @@ def quantize_int4(src: Path, dst: Path, block_size: int = BLOCK_SIZE) -> dict[st
         if not node.name:
             node.name = f"kiln_node_{i}"
     eligible = eligible_matmuls(model, block_size)
+    gathers = eligible_gathers(model, block_size) if eligible else []
     details: dict[str, Any] = {
         "tool": "onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer",
         "bits": 4,
         "block_size": block_size,
         "symmetric": True,
-        "weights": "int4, one float32 scale per block along K",
+        "weights": "int4, one float32 scale per block (along K of MatMul weights, along embedding rows)",
         "activations": "float32",
         "gemms_split_to_matmul": split,
         "eligible_matmuls": len(eligible),
     }
     if not eligible:
-        details["quantized_matmuls"] = 0
+        details["quantized_matmuls"] = details["quantized_gathers"] = 0
         return details
-    quantizer = MatMulNBitsQuantizer(model, bits=4, block_size=block_size, is_symmetric=True, nodes_to_include=eligible)
-    quantizer.process()
+    quantizer = MatMulNBitsQuantizer(
+        model,
+        bits=4,
+        block_size=block_size,
+        is_symmetric=True,
+        nodes_to_include=eligible + gathers,
+        op_types_to_quantize=("MatMul", "Gather"),
+        # Blocks run along K of a MatMul weight [K, N] and along the row of an embedding table.
+        quant_axes=(("MatMul", 0), ("Gather", 1)),
+    )
+    with _quiet_quantizer():
+        quantizer.process()
     out = quantizer.model.model
     details["quantized_matmuls"] = sum(1 for n in out.graph.node if n.op_type == "MatMulNBits")
+    details["quantized_gathers"] = sum(1 for n in out.graph.node if n.op_type == "GatherBlockQuantized")
     save_onnx(out, dst)
     return details
