@@ -10,7 +10,9 @@ of that engine (same request path), the variants take turns run by run inside ea
 ``--rounds`` rounds so load from other processes hits them alike, and each ratio is taken
 per round with its median (min-max) over rounds reported.
 
-    .venv/bin/python benchmarks/bench_int4.py [--rounds 7] [--seconds 0.5] [--threads 1]
+    .venv/bin/python benchmarks/bench_int4.py [--rounds 7] [--seconds 0.5] [--threads 1] [--seq 64]
+
+``--seq 1`` measures one decoding step (memory-bound), the default 64 tokens a prompt.
 """
 
 from __future__ import annotations
