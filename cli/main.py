@@ -245,7 +245,7 @@ def _print_summary(result: Any) -> None:
 @click.option(
     "--target", "-t", "targets", multiple=True, help="onnxruntime, openvino, tflite, tfserving, tensorrt (repeatable)."
 )
-@click.option("--precision", "-p", type=click.Choice(["fp32", "fp16", "int8"]), help="Artifact precision.")
+@click.option("--precision", "-p", type=click.Choice(["fp32", "fp16", "int8", "int4"]), help="Artifact precision.")
 @click.option(
     "--repo",
     help="Model repository: a directory or s3://bucket/prefix (default KILN_REPOSITORY, else ./model-repository).",

@@ -202,3 +202,40 @@ def matrix_op_onnx(path: Path, op: str, domain: str = "") -> Path:
     opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid(domain, 1)] if domain else [])
     onnx.save(helper.make_model(graph, opset_imports=opsets), str(path))
     return path
+
+
+GPT2_VOCAB = 128
+
+
+def tiny_gpt2_onnx(path: Path, *, n_embd: int = 64, n_layer: int = 2, n_head: int = 4, seq: int = 16) -> Path:
+    """transformers' GPT2LMHeadModel from a GPT2Config with random weights, as ONNX: input_ids [N, seq] -> logits.
+
+    Eager attention and an explicit all-ones mask keep the TorchScript exporter away from
+    transformers' packed-sequence detection (``torch.diff``, which ONNX has no op for).
+    """
+    torch = _torch()
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        vocab_size=GPT2_VOCAB,
+        n_positions=max(64, seq),
+        n_embd=n_embd,
+        n_layer=n_layer,
+        n_head=n_head,
+        use_cache=False,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    config._attn_implementation = "eager"
+    lm = GPT2LMHeadModel(config).eval()
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, input_ids):
+            return self.lm(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), use_cache=False).logits
+
+    ids = torch.randint(0, GPT2_VOCAB, (1, seq))
+    return export_onnx(Logits().eval(), ids, path, input_name="input_ids", output_name="logits")

@@ -437,3 +437,10 @@ def test_out_of_bounds_specs_are_422_naming_the_field(
         client, 422, "INVALID_SPEC", "cnn.onnx", cnn_onnx.read_bytes(), {"targets": ["onnxruntime"], **extra}
     )
     assert field in [e["field"] for e in body["details"]["errors"]]
+
+
+def test_int4_for_a_target_without_int4_is_422_no_route(client: TestClient, cnn_onnx: Path) -> None:
+    spec = {"targets": ["tensorrt"], "precision": "int4"}
+    body = _refused(client, 422, "NO_ROUTE", "m.onnx", cnn_onnx.read_bytes(), spec)
+    assert "to tensorrt at int4" in body["message"]
+    assert "Kiln can build: onnxruntime, openvino." in body["hint"]

@@ -47,7 +47,7 @@ def test_unknown_target_lists_valid_ones() -> None:
     ("body", "field"),
     [
         ({"targets": []}, "targets"),
-        ({"targets": ["onnxruntime"], "precision": "int4"}, "precision"),
+        ({"targets": ["onnxruntime"], "precision": "int2"}, "precision"),
         ({"targets": ["onnxruntime"], "name": "../escape"}, "name"),
         ({"targets": ["onnxruntime"], "tagets": 1}, "tagets"),
         ({"targets": ["onnxruntime", "onnxruntime"]}, "targets"),

@@ -2,7 +2,8 @@
 
 fp16 uses onnxruntime's own float16 converter with fp32 inputs and outputs kept (callers
 need not change their feeds); int8 is onnxruntime's static QDQ quantisation calibrated on
-the job's calibration data (or generated samples, labelled as such in the report).
+the job's calibration data (or generated samples, labelled as such in the report); int4 is
+weight-only MatMulNBits (services/exporters/onnx_int4.py), refused when no MatMul qualifies.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from services.artifacts import DESCRIPTOR, Artifact
+from services.errors import ConversionFailed
 from services.exporters._common import calibration_feeds, calibration_warnings, finish_export
 from services.formats import Format
 from services.onnx_io import load_onnx, save_onnx
@@ -120,6 +122,19 @@ def export_onnxruntime(ctx: StepContext) -> Artifact:
         ctx.progress("converting to fp16 (fp32 inputs and outputs kept)")
         to_fp16(src, dst)
         details["fp16"] = {"keep_io_types": True, "tool": "onnxruntime.transformers.float16"}
+    elif precision is Precision.INT4:
+        from services.exporters.onnx_int4 import BLOCK_SIZE, quantize_int4
+
+        ctx.progress(f"compressing MatMul weights to int4 (MatMulNBits, block size {BLOCK_SIZE})")
+        details["int4"] = quantize_int4(src, dst, BLOCK_SIZE)
+        if not details["int4"]["quantized_matmuls"]:
+            # An int4 artifact with no int4 weight would be an fp32 model under a false label.
+            raise ConversionFailed(
+                f"no MatMul to compress to int4: none has a constant 2-D float weight whose K divides into "
+                f"blocks of {BLOCK_SIZE}",
+                hint="int4 is weight-only compression for transformer/LLM MatMuls; compile at fp32, fp16 or int8.",
+                tool="MatMulNBitsQuantizer",
+            )
     else:
         feeds, label = calibration_feeds(load_reference(ctx.reference))
         ctx.progress(f"quantising to int8 on {len(feeds)} samples ({label})")

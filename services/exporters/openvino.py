@@ -8,6 +8,8 @@
   file or, when none was given, on generated samples (labelled as such in the report:
   statistics of random inputs are not the statistics of real data). Models that take
   feature vectors get global min/max activation ranges (see ``activation_ranges``).
+- int4: NNCF data-free weight compression (``compress_int4``): MatMul weights as i4 with
+  one scale per group, activations fp32; refused when no weight could be compressed.
 
 Parity and the benchmark run with ``INFERENCE_PRECISION_HINT=f32``; the runner's module
 docstring says why that is the fair setting at every artifact precision.
@@ -39,6 +41,8 @@ __all__ = [
     "PARITY_INFERENCE_PRECISION",
     "SERVING",
     "activation_ranges",
+    "compress_int4",
+    "count_int4_constants",
     "count_ops",
     "detect_attention",
     "export_openvino",
@@ -191,6 +195,52 @@ def quantize_int8(model: Any, feeds: list[dict[str, np.ndarray]]) -> tuple[Any, 
     return quantized, settings
 
 
+#: One scale per 32 weights along the input channel, as the onnxruntime target's MatMulNBits
+#: blocks (services/exporters/onnx_int4.py says why 32 and not NNCF's default 128).
+INT4_GROUP_SIZE = 32
+
+
+def count_int4_constants(model: Any) -> int:
+    """Return how many constants of an ``ov.Model`` hold 4-bit integers (i4 or u4)."""
+    return sum(
+        1
+        for op in model.get_ops()
+        if op.get_type_name() == "Constant" and op.get_output_element_type(0).get_type_name() in ("i4", "u4")
+    )
+
+
+def compress_int4(model: Any) -> tuple[Any, dict[str, Any]]:
+    """Return ``model`` with int4 weights by NNCF weight compression (data-free), and the settings used.
+
+    INT4_SYM, one scale per group of ``INT4_GROUP_SIZE``. Weights whose input channels do not
+    divide into groups are left as they are (IGNORE), as the onnxruntime target leaves
+    MatMuls whose K does not divide into blocks. NNCF's default keeps the embedding and
+    the last MatMul at int8 (``all_layers=False``): they hurt accuracy most at 4 bits.
+    """
+    opt_out_of_telemetry()
+    import nncf
+    from nncf.quantization.advanced_parameters import AdvancedCompressionParameters, GroupSizeFallbackMode
+
+    with _quiet_nncf():
+        compressed = nncf.compress_weights(
+            model,
+            mode=nncf.CompressWeightsMode.INT4_SYM,
+            group_size=INT4_GROUP_SIZE,
+            ratio=1.0,
+            advanced_parameters=AdvancedCompressionParameters(group_size_fallback_mode=GroupSizeFallbackMode.IGNORE),
+        )
+    settings = {
+        "tool": "nncf.compress_weights",
+        "nncf": nncf.__version__,
+        "mode": "INT4_SYM",
+        "group_size": INT4_GROUP_SIZE,
+        "ratio": 1.0,
+        "backup_mode": "INT8_ASYM (embeddings and the last MatMul)",
+        "activations": "float32",
+    }
+    return compressed, settings
+
+
 def _read_ir(ctx: StepContext) -> Any:
     import openvino as ov
 
@@ -231,6 +281,20 @@ def export_openvino(ctx: StepContext) -> Artifact:
         ctx.progress("saving with fp16-compressed weights")
         save_ir(model, ctx.out_dir, compress_to_fp16=True)
         details["fp16"] = {"compress_to_fp16": True, "weights": "fp16", "activations": "fp32 (f32 inference hint)"}
+    elif precision is Precision.INT4:
+        ctx.progress(f"compressing weights to int4 with NNCF (group size {INT4_GROUP_SIZE})")
+        compressed, settings = compress_int4(model)
+        int4 = count_int4_constants(compressed)
+        if not int4:
+            # An int4 artifact with no int4 weight would be an fp32 model under a false label.
+            raise ConversionFailed(
+                f"NNCF compressed no weight to int4: the model has no MatMul whose input channels divide into "
+                f"groups of {INT4_GROUP_SIZE}",
+                hint="int4 is weight-only compression for transformer/LLM MatMuls; compile at fp32, fp16 or int8.",
+                tool="nncf.compress_weights",
+            )
+        save_ir(compressed, ctx.out_dir, compress_to_fp16=False)
+        details["int4"] = {**settings, "int4_weight_constants": int4}
     else:
         feeds, label = calibration_feeds(load_reference(ctx.reference))
         ctx.progress(f"quantising to int8 with NNCF on {len(feeds)} samples ({label})")

@@ -28,6 +28,9 @@ __all__ = [
 ]
 
 ALL_PRECISIONS = frozenset(Precision)
+#: int4 is weight-only MatMul compression, built only by onnxruntime (MatMulNBits) and
+#: OpenVINO (NNCF); the other targets have no int4 kernels to serve it with.
+WITHOUT_INT4 = ALL_PRECISIONS - {Precision.INT4}
 
 
 @dataclass(frozen=True)
@@ -259,7 +262,7 @@ def _exporters() -> Iterable[Exporter]:
             # SavedModel internally anyway, and as a step it is cached and shared with tfserving/openvino.
             {F.SAVEDMODEL: 1.5, F.TFLITE: 0.5},
             "services.exporters.tflite:export_tflite",
-            precisions={F.TFLITE: frozenset({P.FP32})},
+            precisions={F.SAVEDMODEL: WITHOUT_INT4, F.TFLITE: frozenset({P.FP32})},
             artifact_format=F.TFLITE,
         ),
         Exporter(
@@ -268,6 +271,7 @@ def _exporters() -> Iterable[Exporter]:
             {F.SAVEDMODEL: 1.0},
             "services.exporters.tfserving:export_tfserving",
             # fp16/int8: weights stored at that precision, fp32 compute (see services/exporters/tfserving.py)
+            precisions={F.SAVEDMODEL: WITHOUT_INT4},
             artifact_format=F.SAVEDMODEL,
         ),
         Exporter(
@@ -275,6 +279,7 @@ def _exporters() -> Iterable[Exporter]:
             "tensorrt",
             {F.ONNX: 2.0},
             "services.exporters.tensorrt:export_tensorrt",
+            precisions={F.ONNX: WITHOUT_INT4},
             artifact_format=F.TENSORRT_PLAN,
         ),
     )
