@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
@@ -14,6 +13,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from jobs_support import KILN_CMD
 from models import tiny_gpt2_onnx
 from onnx import helper, numpy_helper
 
@@ -23,7 +23,6 @@ from services.graph.planner import plan_routes
 from services.pipeline import compile_model
 from services.spec import DEFAULT_TOLERANCES, Precision, load_spec
 
-KILN = str(Path(sys.executable).parent / "kiln")
 INT4 = DEFAULT_TOLERANCES[Precision.INT4]
 
 
@@ -42,7 +41,7 @@ def _ir_const_types(xml: Path) -> Counter[str]:
 
 def test_kiln_compile_int4_gpt2_on_both_targets(gpt2_onnx: Path, tmp_path: Path) -> None:
     repo = tmp_path / "repo"
-    args = [KILN, "compile", str(gpt2_onnx), "-t", "onnxruntime", "-t", "openvino", "--precision", "int4"]
+    args = [*KILN_CMD, "compile", str(gpt2_onnx), "-t", "onnxruntime", "-t", "openvino", "--precision", "int4"]
     args += ["--repo", str(repo), "--name", "lm", "--no-benchmark", "--json", "--cache-dir", str(tmp_path / "cache")]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=600, env={**os.environ})
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -55,7 +54,7 @@ def test_kiln_compile_int4_gpt2_on_both_targets(gpt2_onnx: Path, tmp_path: Path)
         assert max(INT4.min_cosine, 0.98) <= logits["cosine"] < 0.99999, logits
         assert logits["max_abs"] > 1e-4
 
-    ort_dir = repo / "lm-onnxruntime" / "1"
+    ort_dir = repo / "triton" / "lm-onnxruntime" / "1"
     manifest = json.loads((ort_dir / "kiln-manifest.json").read_text())
     assert manifest["precision"] == "int4"
     details = manifest["engine_details"]["int4"]
@@ -72,7 +71,7 @@ def test_kiln_compile_int4_gpt2_on_both_targets(gpt2_onnx: Path, tmp_path: Path)
     fp32_size = gpt2_onnx.stat().st_size
     assert (ort_dir / "model.onnx").stat().st_size < 0.3 * fp32_size
 
-    ov_dir = repo / "lm-openvino" / "1"
+    ov_dir = repo / "triton" / "lm-openvino" / "1"
     manifest = json.loads((ov_dir / "kiln-manifest.json").read_text())
     assert manifest["precision"] == "int4"
     details = manifest["engine_details"]["int4"]
@@ -80,6 +79,9 @@ def test_kiln_compile_int4_gpt2_on_both_targets(gpt2_onnx: Path, tmp_path: Path)
     consts = _ir_const_types(ov_dir / "model.xml")
     assert consts["i4"] + consts["u4"] == details["int4_weight_constants"] >= 8  # the 8 layer projections
     assert (ov_dir / "model.bin").stat().st_size < 0.5 * fp32_size
+    # The IR's input keeps the source's name (its port also carries an exporter alias that sorts first).
+    assert [i["name"] for i in manifest["io"]["inputs"]] == ["input_ids"]
+    assert 'name: "input_ids"' in (ov_dir.parent / "config.pbtxt").read_text()
 
 
 @pytest.mark.parametrize("target", ["onnxruntime", "openvino"])

@@ -212,7 +212,7 @@ def test_the_queued_service_falls_back_across_engine_workers(
     logs = httpx.get(f"{base}/jobs/{job['id']}/logs").text
     line = next(ln for ln in logs.splitlines() if " route_failed " in ln)
     assert "route 1" in line and "openvino.convert_model" in line and f"trying route 2: {SECOND}" in line
-    manifest = json.loads((root / "repo" / "inv" / "1" / "kiln-manifest.json").read_text())
+    manifest = json.loads((root / "repo" / "triton" / "inv" / "1" / "kiln-manifest.json").read_text())
     assert manifest["route"] == SECOND
     assert [(a["rank"], a["status"]) for a in manifest["route_attempts"]] == [(1, "failed"), (2, "published")]
     # The artifact to download is the one the second route built.

@@ -193,10 +193,13 @@ def all_routes_failed(r: TargetRouting) -> dict[str, Any] | None:
     if len({a.step for a in tried}) < 2:
         return None
     said = "; ".join(_said(a, tried[:i]) for i, a in enumerate(tried))
+    # The first route's own hint (e.g. "use fp32, fp16 or int8") is what the user acts on.
+    first_hint = ((tried[0].error or {}).get("hint") or "").strip()
+    where = "Each route's error is in details.attempts; the first route's tool output is in the job log."
     return {
         "code": tried[-1].code,
         "message": f"every route to {r.target} failed: {said}",
-        "hint": "Each route's error is in details.attempts; the first route's tool output is in the job log.",
+        "hint": f"Route 1: {first_hint} {where}" if first_hint else where,
         "details": {"attempts": [a.to_dict() for a in tried]},
     }
 

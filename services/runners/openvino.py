@@ -58,11 +58,16 @@ def _port_name(port: Any, fallback: str) -> str:
     # stable across runs. Ports with no name at all (some TF graphs) fall back to the node's
     # friendly name, then to their position.
     names = sorted(port.get_names())
+    node = port.get_node()
+    friendly = str(node.get_friendly_name()) if node is not None else ""
+    # An input's Parameter keeps the source's input name as its friendly name; its port can
+    # also carry an exporter's intermediate alias that sorts first ("/lm/.../Reshape_output_0"
+    # before "input_ids"), which would reach config.pbtxt as the input's name.
+    if friendly and friendly in names and node.get_type_name() == "Parameter":
+        return friendly
     if names:
         return str(names[0])
-    node = port.get_node()
-    friendly = node.get_friendly_name() if node is not None else ""
-    return str(friendly) or fallback
+    return friendly or fallback
 
 
 def ov_tensor_spec(port: Any, fallback: str) -> TensorSpec:
