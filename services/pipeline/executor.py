@@ -22,6 +22,7 @@ from services.formats import DetectedSource
 from services.graph.planner import PlanStep
 from services.graph.registry import load_entry
 from services.pipeline.context import StepContext
+from services.pipeline.memory import StepMemory
 from services.spec import CompileSpec
 from services.storage.base import ArtifactStore
 from services.versions import tool_versions
@@ -125,6 +126,7 @@ def run_step(
     the step, the tool and the tail of the traceback.
     """
     started = time.perf_counter()
+    memory = StepMemory.start()
     cacheable = step.kind != "publish"
     key = step_cache_key(step, spec, {**input_keys, "source": source.sha256}, calibration_sha) if cacheable else None
     if key and use_cache and store.exists(key):
@@ -191,6 +193,8 @@ def run_step(
         "seconds": round(seconds, 3),
         "tool_versions": tool_versions(step.engine),
         "report": {k: v for k, v in art.meta.items() if k not in ("lineage", "signature")},
+        # Peak RSS of the process that ran the step, while it ran (with what it held before).
+        **memory.record(),
     }
     art.meta["lineage"] = _lineage(inputs, record)
     art.save()

@@ -35,7 +35,11 @@ def build_manifest(ctx: StepContext, exported: Artifact) -> dict[str, Any]:
         },
         "route": ctx.step.options.get("route"),
         "steps": [
-            {k: rec.get(k) for k in ("step", "kind", "tool", "engine", "seconds", "tool_versions")} for rec in lineage
+            {
+                k: rec.get(k)
+                for k in ("step", "kind", "tool", "engine", "seconds", "rss_before_mb", "peak_rss_mb", "tool_versions")
+            }
+            for rec in lineage
         ],
         "passes": passes,
         "tool_versions": tools,
