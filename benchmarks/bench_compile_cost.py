@@ -7,11 +7,12 @@ on a ``--size`` x ``--size`` RGB input, its BatchNorm statistics set from one ba
 images so that parity compares meaningful numbers. Each run is one ``kiln compile`` to
 onnxruntime, openvino, tflite and tfserving at fp16 with an empty cache (``--no-cache``)
 and no latency benchmark; the two checkouts alternate (baseline first). Per run the script
-records the wall time and two peaks: the largest sum of RSS over the CLI process and all
-its descendants (sampled every 50 ms with psutil, so a child's memory counts while it
-lives) and the largest single process (``ru_maxrss`` from ``wait4``). For this checkout it
-also prints the per-step breakdown (seconds and the step's process peak RSS) the
-manifests record since ``services.pipeline.memory``.
+records the wall time and the peak of the summed RSS over the CLI process and all its
+descendants (sampled every 50 ms with psutil, so a child's memory counts while it lives).
+``ru_maxrss`` is not used: since each step resets the process's high-water mark to measure
+its own peak, the kernel's lifetime figure is gone in this checkout. For this checkout it
+also prints the per-step breakdown (seconds and the step's process peak RSS) that the
+steps' lineage records (and so the manifests) carry since ``services.pipeline.memory``.
 """
 
 from __future__ import annotations
@@ -94,21 +95,25 @@ def compile_once(model: Path, work: Path, tree: Path | None) -> dict[str, object
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err)
         sampler = TreeSampler(proc.pid)
         sampler.start()
-        _, status, usage = os.wait4(proc.pid, 0)
+        _, status = os.waitpid(proc.pid, 0)
         seconds = time.perf_counter() - started
         sampler.done.set()
         sampler.join()
     proc.returncode = os.waitstatus_to_exitcode(status)
     result = json.loads((work / "out.json").read_text() or "{}")
-    targets = {t: r.get("status") for t, r in (result.get("targets") or {}).items()}
+    targets = {
+        t: r.get("status") if r.get("status") == "succeeded" else (r.get("error") or {}).get("code")
+        for t, r in (result.get("targets") or {}).items()
+    }
     steps: dict[str, dict[str, object]] = {}
-    for manifest in sorted((work / "repo").glob("*/*/kiln-manifest.json")):
-        for rec in json.loads(manifest.read_text()).get("steps", []):
+    # Every stored step output carries the lineage records of the steps before it (what the
+    # manifests copy), so failed targets' steps are in the breakdown too.
+    for descriptor in sorted((work / "cache" / "store").rglob("kiln-artifact.json")):
+        for rec in json.loads(descriptor.read_text()).get("meta", {}).get("lineage", []):
             steps[rec["step"]] = rec
     return {
         "seconds": seconds,
         "tree_peak": sampler.peak,
-        "process_peak": usage.ru_maxrss * 1024,
         "rc": proc.returncode,
         "targets": targets,
         "steps": steps,
@@ -135,7 +140,7 @@ def main() -> None:
                 r = runs[label][-1]
                 print(
                     f"{label} run {i}: {r['seconds']:.1f} s, tree peak {r['tree_peak'] / MIB:.0f} MiB, "
-                    f"largest process {r['process_peak'] / MIB:.0f} MiB, rc {r['rc']}, targets {r['targets']}",
+                    f"rc {r['rc']}, targets {r['targets']}",
                     file=sys.stderr,
                 )
 
@@ -148,10 +153,11 @@ def main() -> None:
         for key, name, scale, unit in (
             ("seconds", "wall time", 1, "s"),
             ("tree_peak", "peak RSS, CLI + children (sum)", MIB, "MiB"),
-            ("process_peak", "peak RSS, largest process", MIB, "MiB"),
         ):
             b, t = med("baseline", key), med("this", key)
             print(f"| {name} | {b / scale:.1f} {unit} | {t / scale:.1f} {unit} | {t / b:.2f} |")
+        for label in runs:
+            print(f"\n{label} targets: {runs[label][-1]['targets']}")
         last = runs["this"][-1]["steps"]
         print("\nPer step (this checkout, last run; peak = the step's process while the step ran):\n")
         print("| step | engine | seconds | RSS before MiB | peak RSS MiB |")
