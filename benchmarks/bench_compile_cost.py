@@ -4,7 +4,8 @@
 
 The model is ``keras.applications.ResNet50(weights=None)`` (25.6 M parameters, 1000 classes)
 on a ``--size`` x ``--size`` RGB input, its BatchNorm statistics set from one batch of random
-images so that parity compares meaningful numbers. Each run is one ``kiln compile`` to
+images so that parity compares meaningful numbers (fp16 bounds loosened to cosine 0.99,
+top-1 75%: an untrained network's logits are too close together for the defaults). Each run is one ``kiln compile`` to
 onnxruntime, openvino, tflite and tfserving at fp16 with an empty cache (``--no-cache``)
 and no latency benchmark; the two checkouts alternate (baseline first). Per run the script
 records the wall time and the peak of the summed RSS over the CLI process and all its
@@ -86,7 +87,13 @@ class TreeSampler(threading.Thread):
 def compile_once(model: Path, work: Path, tree: Path | None) -> dict[str, object]:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     env["PYTHONPATH"] = str(tree or ROOT)
-    cmd = [str(KILN), "compile", str(model), "-p", "fp16", "--no-cache", "--no-benchmark", "--json", "-q"]
+    # A freshly initialised ResNet-50's 1000 logits are close together, so fp16 rounding
+    # reaches cosine ~0.996 (precision default 0.999): looser bounds, so every target's whole
+    # route runs and publishes; what is measured is the compile's cost, not its accuracy.
+    spec = work / "spec.json"
+    spec.write_text(json.dumps({"tolerances": {"min_cosine": 0.99, "min_top1": 0.75}}))
+    cmd = [str(KILN), "compile", str(model), "--spec", str(spec), "-p", "fp16", "--no-cache", "--no-benchmark"]
+    cmd += ["--json", "-q"]
     for t in TARGETS:
         cmd += ["-t", t]
     cmd += ["--repo", str(work / "repo"), "--name", "resnet50", "--cache-dir", str(work / "cache")]
