@@ -23,6 +23,7 @@ from services.graph.planner import PlanStep
 from services.graph.registry import load_entry
 from services.outages import storage_full
 from services.pipeline.context import StepContext
+from services.pipeline.memory import StepMemory
 from services.spec import CompileSpec
 from services.storage.base import ArtifactStore
 from services.versions import tool_versions
@@ -152,6 +153,7 @@ def _run_step(
     the target's routes tried so far, for the manifest.
     """
     started = time.perf_counter()
+    memory = StepMemory.start()
     cacheable = step.kind != "publish"
     key = step_cache_key(step, spec, {**input_keys, "source": source.sha256}, calibration_sha) if cacheable else None
     if key and use_cache and store.exists(key):
@@ -230,6 +232,8 @@ def _run_step(
         "seconds": round(seconds, 3),
         "tool_versions": tool_versions(step.engine),
         "report": {k: v for k, v in art.meta.items() if k not in ("lineage", "signature")},
+        # Peak RSS of the process that ran the step, while it ran (with what it held before).
+        **memory.record(),
     }
     art.meta["lineage"] = _lineage(inputs, record)
     art.save()

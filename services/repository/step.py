@@ -46,7 +46,11 @@ def build_manifest(ctx: StepContext, exported: Artifact) -> dict[str, Any]:
         # Every route tried for this target, in order: those that failed (tool, code, message) and this one.
         "route_attempts": _route_attempts(ctx),
         "steps": [
-            {k: rec.get(k) for k in ("step", "kind", "tool", "engine", "seconds", "tool_versions")} for rec in lineage
+            {
+                k: rec.get(k)
+                for k in ("step", "kind", "tool", "engine", "seconds", "rss_before_mb", "peak_rss_mb", "tool_versions")
+            }
+            for rec in lineage
         ],
         "passes": passes,
         "speed_guard": speed_guard,
