@@ -126,8 +126,9 @@ def export_onnxruntime(ctx: StepContext) -> Artifact:
         from services.exporters.onnx_int4 import BLOCK_SIZE, quantize_int4
 
         ctx.progress(f"compressing MatMul weights to int4 (MatMulNBits, block size {BLOCK_SIZE})")
-        details["int4"] = quantize_int4(src, dst, BLOCK_SIZE)
-        if not details["int4"]["quantized_matmuls"]:
+        int4 = quantize_int4(src, dst, BLOCK_SIZE)
+        details["int4"] = int4
+        if not int4["quantized_matmuls"]:
             # An int4 artifact with no int4 weight would be an fp32 model under a false label.
             raise ConversionFailed(
                 f"no MatMul to compress to int4: none has a constant 2-D float weight whose K divides into "
