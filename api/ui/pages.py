@@ -13,10 +13,10 @@ from fastapi.responses import RedirectResponse, Response
 from api.routes.jobs import job_log_lines
 from api.schemas import JobPublic
 from api.ui.charts import benchmark_chart
-from api.ui.session import error_page, render, viewer
+from api.ui.session import error_page, render, render_page, viewer
 from api.ui.views import job_grid, output_headroom, waiting_reason
 from api.views import job_public
-from services.errors import KilnError, NotFound
+from services.errors import NotFound
 from services.graph.engines import ENGINES
 from services.jobs.store import JobFilter
 from services.spec import CompileSpec, Precision, TargetName
@@ -167,27 +167,13 @@ def job_context(request: Request, job_id: str) -> dict[str, Any]:
 
 @router.get("/jobs/{job_id}")
 async def job_page(request: Request, job_id: str) -> Response:
-    who = await viewer(request)
-    if isinstance(who, Response):
-        return who
-    try:
-        ctx = await run_in_threadpool(job_context, request, job_id)
-    except KilnError as exc:
-        return error_page(request, who, exc)
-    return render(request, "job.html", who, nav="jobs", **ctx)
+    return await render_page(request, "job.html", job_context, job_id, nav="jobs")
 
 
 @router.get("/jobs/{job_id}/live")
 async def job_live(request: Request, job_id: str) -> Response:
     """The job page's live part alone (what the event stream sends, for a plain refresh)."""
-    who = await viewer(request)
-    if isinstance(who, Response):
-        return who
-    try:
-        ctx = await run_in_threadpool(job_context, request, job_id)
-    except KilnError as exc:
-        return error_page(request, who, exc)
-    return render(request, "_job_live.html", who, **ctx)
+    return await render_page(request, "_job_live.html", job_context, job_id)
 
 
 def _log_context(request: Request, job_id: str) -> dict[str, Any]:
@@ -207,15 +193,8 @@ def _log_context(request: Request, job_id: str) -> dict[str, Any]:
 
 @router.get("/jobs/{job_id}/log")
 async def log_page(request: Request, job_id: str) -> Response:
-    who = await viewer(request)
-    if isinstance(who, Response):
-        return who
-    try:
-        ctx = await run_in_threadpool(_log_context, request, job_id)
-    except KilnError as exc:
-        return error_page(request, who, exc)
     template = "_log_tail.html" if request.headers.get("hx-request") else "log.html"
-    return render(request, template, who, nav="jobs", **ctx)
+    return await render_page(request, template, _log_context, job_id, nav="jobs")
 
 
 def _spec_fields() -> dict[str, Any]:

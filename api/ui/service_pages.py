@@ -13,8 +13,8 @@ from fastapi.responses import Response
 from api.auth import ANONYMOUS
 from api.routes.service import readiness_checks
 from api.routes.service import repository as repository_listing
-from api.ui.session import error_page, render, viewer
-from services.errors import KilnError, NotFound
+from api.ui.session import render, render_page, viewer
+from services.errors import NotFound
 from services.graph.engines import ENGINES, queue_name
 from services.repository.publish import MANIFEST, find_model_dir
 
@@ -88,7 +88,10 @@ async def repository_page(request: Request) -> Response:
     return render(request, "repository.html", who, nav="repository", **ctx)
 
 
-def _version_context(request: Request, name: str, version: int) -> dict[str, Any]:
+def _version_context(request: Request, name: str, version_text: str) -> dict[str, Any]:
+    if not version_text.isdigit():
+        raise NotFound(f"no version {version_text!r} of model {name!r}", hint="Versions are numbers.")
+    version = int(version_text)
     repo = request.app.state.repository
     model_dir = find_model_dir(repo, name)  # the server root (triton/, tfserving/, tflite/) that holds it
     if model_dir is None or version not in repo.versions(model_dir):
@@ -109,13 +112,4 @@ def _version_context(request: Request, name: str, version: int) -> dict[str, Any
 
 @router.get("/repository/{name}/{version}")
 async def version_page(request: Request, name: str, version: str) -> Response:
-    who = await viewer(request)
-    if isinstance(who, Response):
-        return who
-    try:
-        if not version.isdigit():
-            raise NotFound(f"no version {version!r} of model {name!r}", hint="Versions are numbers.")
-        ctx = await run_in_threadpool(_version_context, request, name, int(version))
-    except KilnError as exc:
-        return error_page(request, who, exc)
-    return render(request, "version.html", who, nav="repository", **ctx)
+    return await render_page(request, "version.html", _version_context, name, version, nav="repository")

@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import quote
 
 from fastapi import Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
@@ -81,3 +82,19 @@ def render(request: Request, template: str, who: Principal, /, status_code: int 
 def error_page(request: Request, who: Principal, exc: KilnError) -> Response:
     """Render a KilnError as a page with its code, message and hint (never a traceback)."""
     return render(request, "error.html", who, status_code=HTTP_STATUS.get(exc.code, 500), error=exc)
+
+
+async def render_page(request: Request, template: str, build: Any, *args: Any, **extra: Any) -> Response:
+    """Render ``template`` for the viewer with the context ``build(request, *args)`` returns.
+
+    ``build`` reads the job store, so it runs off the event loop; a KilnError it raises
+    (an unknown job, say) becomes the error page, and nobody signed in gets the login page.
+    """
+    who = await viewer(request)
+    if isinstance(who, Response):
+        return who
+    try:
+        ctx = await run_in_threadpool(build, request, *args)
+    except KilnError as exc:
+        return error_page(request, who, exc)
+    return render(request, template, who, **extra, **ctx)

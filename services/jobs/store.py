@@ -749,16 +749,8 @@ class JobStore:
         overdue = (JobStep.status == "running") & (JobStep.heartbeat_at < stale_cut) | (JobStep.status == "queued") & (
             JobStep.queued_at < lost_cut
         )
-        with self.read() as s:  # usually finds nothing: one indexed read, no lock
-            found = s.execute(
-                select(JobStep.job_id)
-                .join(Job, Job.id == JobStep.job_id)
-                .where(Job.status.in_(("queued", "running")), overdue)
-                .distinct()
-                .limit(200)
-            ).all()
         out: list[tuple[str, str, str]] = []
-        for (job_id,) in found:
+        for job_id in self._open_jobs_with_steps(overdue):
             # Per job, under its row lock like every other writer of its steps and events
             # (job, then steps: one lock order, no deadlock); a job busy in another
             # transaction is left for the next sweep.
@@ -780,6 +772,22 @@ class JobStore:
                     out.append((job_id, row.step_id, row.engine))
         return out
 
+    def _open_jobs_with_steps(self, condition: Any) -> list[str]:
+        """Return up to 200 ids of queued or running jobs with a step matching ``condition``.
+
+        The sweeps' first look: usually finds nothing, so one indexed read without a lock;
+        each job found is then re-checked under its own lock.
+        """
+        with self.read() as s:
+            found = s.execute(
+                select(JobStep.job_id)
+                .join(Job, Job.id == JobStep.job_id)
+                .where(Job.status.in_(("queued", "running")), condition)
+                .distinct()
+                .limit(200)
+            ).all()
+        return [job_id for (job_id,) in found]
+
     def fail_unserved(self, live_engines: Collection[str], waited: float) -> list[tuple[str, str, str]]:
         """Fail queued steps whose engine has no live worker and that waited over ``waited`` seconds.
 
@@ -792,16 +800,8 @@ class JobStore:
         cut = now - timedelta(seconds=waited)
         live = sorted(set(live_engines))
         unserved = (JobStep.status == "queued") & (JobStep.queued_at < cut) & JobStep.engine.notin_(live)
-        with self.read() as s:  # usually finds nothing: one indexed read, no lock
-            found = s.execute(
-                select(JobStep.job_id)
-                .join(Job, Job.id == JobStep.job_id)
-                .where(Job.status.in_(("queued", "running")), unserved)
-                .distinct()
-                .limit(200)
-            ).all()
         out: list[tuple[str, str, str]] = []
-        for (job_id,) in found:
+        for job_id in self._open_jobs_with_steps(unserved):
             with self.write() as s:
                 job, rows, known = self._lock_job_steps(s, job_id)
                 if job.status not in ("queued", "running"):
