@@ -38,7 +38,7 @@ def test_manifest_records_each_steps_peak_rss(cnn_onnx: Path, store, repository,
     )
     result = compile_model(cnn_onnx, spec, store=store, repository=repository, use_cache=False)
     assert result.ok, result.targets
-    manifest = json.loads(next(repo_dir.glob("*/*/kiln-manifest.json")).read_text())
+    manifest = json.loads(next(repo_dir.glob("triton/*/*/kiln-manifest.json")).read_text())
     kinds = {rec["kind"] for rec in manifest["steps"]}
     assert {"reference", "export"} <= kinds, kinds
     for rec in manifest["steps"]:
