@@ -357,6 +357,23 @@ def gated_s3_publish(ctx: Any) -> Any:
         s3_repo.upload_files = real_upload  # type: ignore[assignment]
 
 
+def gated_registry() -> Any:
+    """The default converter graph with the onnxruntime exporter held at a per-job gate (below)."""
+    import dataclasses
+
+    from services.graph.registry import Registry, default_registry
+    from services.spec import TargetName
+
+    reg = Registry()
+    for conv in default_registry().converters:
+        reg.add_converter(conv)
+    for exp in default_registry().exporters:
+        if exp.target is TargetName.ONNXRUNTIME:
+            exp = dataclasses.replace(exp, entry="jobs_support:slow_export_onnxruntime")
+        reg.add_exporter(exp)
+    return reg
+
+
 def slow_export_onnxruntime(ctx: Any) -> Any:
     """The real onnxruntime exporter, held at a gate: $KILN_TEST_GATE/<job id>/release must exist.
 

@@ -9,7 +9,6 @@ real filesystem too small for the artifact (a tmpfs; mounting one needs root).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import subprocess
 import time
@@ -19,15 +18,13 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from jobs_support import Proc, service_env
+from jobs_support import Proc, gated_registry, service_env
 from private_servers import PrivatePostgres, PrivateRedis, postgres_bin
 from storage_servers import S3Server, start_seaweedfs
 
 from api.app import create_app
-from services.graph.registry import Registry, default_registry
 from services.jobs.migrate import upgrade
 from services.settings import Settings
-from services.spec import TargetName
 from workers.app import create_celery_app
 
 SPEC = '{"targets": ["onnxruntime"], "benchmark": false}'
@@ -47,18 +44,6 @@ def servers() -> Iterator[tuple[PrivatePostgres, PrivateRedis]]:
     finally:
         redis.close()
         pg.close()
-
-
-def _gated_registry() -> Registry:
-    """The default converter graph with the onnxruntime exporter held at a per-job gate."""
-    reg = Registry()
-    for conv in default_registry().converters:
-        reg.add_converter(conv)
-    for exp in default_registry().exporters:
-        if exp.target is TargetName.ONNXRUNTIME:
-            exp = dataclasses.replace(exp, entry="jobs_support:slow_export_onnxruntime")
-        reg.add_exporter(exp)
-    return reg
 
 
 class Service:
@@ -83,7 +68,7 @@ class Service:
             root / "worker.log",
         )
         settings = Settings(cache_dir=root / "api-cache", **self.env)
-        self.client = TestClient(create_app(settings, create_celery_app(settings), registry=_gated_registry()))
+        self.client = TestClient(create_app(settings, create_celery_app(settings), registry=gated_registry()))
         self.client.__enter__()
         deadline = time.monotonic() + 90
         while not any(e["workers"] for e in self.client.get("/engines").json()["engines"]):

@@ -23,6 +23,7 @@ import pytest
 from jobs_support import (
     Proc,
     free_port,
+    gated_registry,
     migrated_pg,
     read_sse,
     redis_url,
@@ -194,18 +195,10 @@ def gated(cluster: Cluster) -> Iterator[Any]:
     from fastapi.testclient import TestClient
 
     from api.app import create_app
-    from services.graph.registry import Registry, default_registry
     from services.settings import Settings
-    from services.spec import TargetName
     from workers.app import create_celery_app
 
-    reg = Registry()
-    for conv in default_registry().converters:
-        reg.add_converter(conv)
-    for exp in default_registry().exporters:
-        if exp.target is TargetName.ONNXRUNTIME:
-            exp = dataclasses.replace(exp, entry="jobs_support:slow_export_onnxruntime")
-        reg.add_exporter(exp)
+    reg = gated_registry()
     env = {k: v for k, v in cluster.env.items() if k != "test_gate"}
     settings = Settings(cache_dir=cluster.root / "inproc-cache", **env)
     with TestClient(create_app(settings, create_celery_app(settings), registry=reg)) as client:
