@@ -656,6 +656,40 @@ class TestS3ModelRepository(ModelRepositoryContract):
             waited = time.monotonic() - t0
         assert 0.5 < waited < 10, waited
 
+    @pytest.mark.parametrize(
+        ("code", "grace", "taken"),
+        [("InternalError", 60.0, True), ("InternalError", 0.0, False), ("AccessDenied", 60.0, False)],
+    )
+    def test_lock_rides_out_a_server_that_says_try_again(
+        self, make_repo, monkeypatch: pytest.MonkeyPatch, code: str, grace: float, taken: bool
+    ) -> None:
+        # SeaweedFS just restarted answers InternalError until its volumes are ready, for
+        # longer than botocore's retries; taking the lock keeps trying for TRANSIENT_GRACE.
+        import services.repository.s3 as s3_repo
+        from botocore.exceptions import ClientError
+
+        monkeypatch.setattr(s3_repo, "TRANSIENT_GRACE", grace)
+        repo = make_repo()
+        real_put, failures = repo.client.put_object, [0]
+
+        def put_failing_three_times(**kw):
+            if kw.get("IfNoneMatch") == "*" and failures[0] < 3:
+                failures[0] += 1
+                raise ClientError({"Error": {"Code": code, "Message": "please try again"}}, "PutObject")
+            return real_put(**kw)
+
+        monkeypatch.setattr(repo.client, "put_object", put_failing_three_times)
+        if taken:
+            with repo.lock():
+                pass
+            assert failures[0] == 3
+        else:
+            with pytest.raises(KilnError) as err:
+                with repo.lock():
+                    pass
+            assert err.value.code == "SERVICE_UNAVAILABLE" and code in err.value.message
+            assert failures[0] == 1  # a refusal, or no grace left, fails at once
+
     @pytest.mark.parametrize("noticed_by", ["renewal", "release"])
     def test_lock_lost_while_held_is_reported(self, make_repo, noticed_by: str) -> None:
         repo = make_repo(lock_ttl=0.6 if noticed_by == "renewal" else 60)

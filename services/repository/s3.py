@@ -84,6 +84,7 @@ from services.storage._s3 import (
     download_keys,
     is_missing,
     is_precondition_failed,
+    is_transient,
     list_keys,
     make_client,
     s3_errors,
@@ -94,6 +95,8 @@ from services.storage._s3 import (
 __all__ = ["LOCK_OBJECT", "S3ModelRepository", "upload_phases"]
 
 LOCK_OBJECT = ".kiln-lock"
+#: How long taking the lock rides out transient S3 failures (5xx, lost connections) in a row.
+TRANSIENT_GRACE = 60.0
 
 # Files a serving engine opens first; each may refer to others (weights, variables/, external
 # data), which must already be there when it appears.
@@ -137,18 +140,30 @@ class _S3Lease:
     def __enter__(self) -> None:
         deadline = time.monotonic() + self.timeout
         holder = "?"
+        failing_since: float | None = None
         with s3_errors("taking the repository lock", self.location):
             while True:
                 try:
-                    resp = self.client.put_object(
-                        Bucket=self.location.bucket, Key=self.key, Body=self._body(), IfNoneMatch="*"
-                    )
-                    self.etag = resp["ETag"]
-                    break
+                    try:
+                        resp = self.client.put_object(
+                            Bucket=self.location.bucket, Key=self.key, Body=self._body(), IfNoneMatch="*"
+                        )
+                        self.etag = resp["ETag"]
+                        break
+                    except Exception as exc:
+                        if not is_precondition_failed(exc):
+                            raise
+                    holder = self._break_if_stale()
+                    failing_since = None
                 except Exception as exc:
-                    if not is_precondition_failed(exc):
+                    # A server that has just come back answers "InternalError, please try
+                    # again" until its storage is ready (SeaweedFS: seconds after its gateway
+                    # answers), longer than botocore's own retries last. Waiting for a lock is
+                    # already a wait, so keep trying for a bounded while before failing.
+                    now = time.monotonic()
+                    failing_since = now if failing_since is None else failing_since
+                    if not is_transient(exc) or now - failing_since >= TRANSIENT_GRACE or now > deadline:
                         raise
-                holder = self._break_if_stale()
                 if time.monotonic() > deadline:
                     raise ServiceUnavailable(
                         f"the repository {self.location.url()} stayed locked by {holder} for {self.timeout:.0f}s",

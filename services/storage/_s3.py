@@ -27,6 +27,7 @@ __all__ = [
     "download_keys",
     "is_missing",
     "is_precondition_failed",
+    "is_transient",
     "list_keys",
     "make_client",
     "s3_errors",
@@ -125,6 +126,19 @@ def is_missing(exc: BaseException) -> bool:
 def is_precondition_failed(exc: BaseException) -> bool:
     """Return True when a conditional request lost (412, or 409 for a concurrent conditional write)."""
     return client_error_code(exc) in ("412", "PreconditionFailed", "409", "ConditionalRequestConflict")
+
+
+# Codes an S3 server sends while it is (re)starting or overloaded: "please try again".
+_TRANSIENT_CODES = {"500", "502", "503", "504", "InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout"}
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Return True when the server answered but asked to be tried again (5xx, SlowDown).
+
+    A refused connection is not counted: a wrong endpoint should fail fast, after botocore's
+    own retries, not wait out a grace period.
+    """
+    return client_error_code(exc) in _TRANSIENT_CODES
 
 
 _AUTH_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "InvalidToken", "ExpiredToken"}
