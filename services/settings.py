@@ -34,6 +34,10 @@ def _default_data() -> Path:
     return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "kiln"
 
 
+#: Seconds a benchmark waits for its host to be quiet by default (services/pipeline/host_gate.py).
+BENCH_QUIET_WAIT = 120.0
+
+
 class Settings(BaseSettings):
     """Configuration from ``KILN_*`` environment variables (and an optional .env file)."""
 
@@ -86,6 +90,18 @@ class Settings(BaseSettings):
     auth_enabled: bool = Field(default=False, description="Require bearer API tokens on every endpoint but health.")
     step_soft_time_limit: int = Field(default=3600, ge=1, description="Seconds before a step is asked to stop.")
     step_hard_time_limit: int = Field(default=3900, ge=1, description="Seconds before a step is killed.")
+    # Read by the step code from the environment (steps get no Settings): services/pipeline/host_gate.py.
+    host_lock_dir: str = Field(
+        default="",
+        description="Directory of the host's step/benchmark locks; workers sharing it benchmark one at a time with "
+        "no other step running. Empty = kiln-host-<uid> in the system temp dir.",
+    )
+    bench_quiet_wait: float = Field(
+        default=BENCH_QUIET_WAIT,
+        ge=0,
+        description="Seconds a benchmark waits for the other steps on its host to finish; then it runs anyway and "
+        "its rows say alone: false.",
+    )
     step_heartbeat_interval: float = Field(
         default=5.0, gt=0, description="Seconds between a running step's heartbeats in the job store."
     )

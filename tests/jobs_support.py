@@ -115,6 +115,9 @@ def free_port() -> int:
 def service_env(**kiln: Any) -> dict[str, str]:
     """Return an environment for a `kiln` subprocess with the given KILN_* settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
+    for shared in ("KILN_HOST_LOCK_DIR", "KILN_BENCH_QUIET_WAIT"):  # the test run's own (conftest)
+        if shared in os.environ:
+            env[shared] = os.environ[shared]
     env["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
     if "cache_dir" in kiln:

@@ -77,6 +77,7 @@ def test_every_batch_size_is_recorded_with_the_artifact(cnn_onnx: Path, store, r
     for r in rows:
         assert 0 < r["p50_ms"] <= r["p90_ms"] <= r["p99_ms"] and r["iterations"] == 10 and r["warmup"] == 2
         assert r["throughput"] > 0
+        assert r["alone"] is True  # nothing else ran on the host: timed alone (host_gate)
 
 
 def _default_spec(**extra):

@@ -665,8 +665,9 @@ class TestS3ModelRepository(ModelRepositoryContract):
     ) -> None:
         # SeaweedFS just restarted answers InternalError until its volumes are ready, for
         # longer than botocore's retries; taking the lock keeps trying for TRANSIENT_GRACE.
-        import services.repository.s3 as s3_repo
         from botocore.exceptions import ClientError
+
+        import services.repository.s3 as s3_repo
 
         monkeypatch.setattr(s3_repo, "TRANSIENT_GRACE", grace)
         repo = make_repo()

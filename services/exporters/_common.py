@@ -12,6 +12,7 @@ from services.benchmark import benchmark_runner, compare_with_fp32
 from services.errors import ParityFailed, SlowerThanFp32
 from services.formats import Format
 from services.pipeline.context import StepContext
+from services.pipeline.host_gate import host_alone
 from services.pipeline.reference import ReferenceData, load_reference
 from services.runners import ModelRunner, open_runner
 from services.spec import Precision
@@ -123,11 +124,19 @@ def finish_export(
         bench = []
         vs_fp32 = None
         if ctx.spec.bench.enabled:
-            ctx.progress("benchmarking")
-            bench = [b.to_dict() for b in benchmark_runner(runner, ctx.spec)]
-            if fp32_baseline is not None and precision is not Precision.FP32 and bench:
-                ctx.progress(f"timing {precision.value} against fp32 on the same engine")
-                vs_fp32 = _against_fp32(runner, fmt, fp32_baseline, runner_options, ctx, precision, bench)
+            ctx.progress("waiting for the other steps on this host to finish, to benchmark alone")
+            with host_alone() as quiet:
+                ctx.progress("benchmarking" if quiet.alone else "benchmarking beside other steps (host busy)")
+                bench = [{**b.to_dict(), "alone": quiet.alone} for b in benchmark_runner(runner, ctx.spec)]
+                if not quiet.alone:
+                    warnings = [
+                        *(warnings or []),
+                        f"benchmarked beside other steps: the host stayed busy for {quiet.waited_s:.0f}s "
+                        "(KILN_BENCH_QUIET_WAIT), so the latencies include their load",
+                    ]
+                if fp32_baseline is not None and precision is not Precision.FP32 and bench:
+                    ctx.progress(f"timing {precision.value} against fp32 on the same engine")
+                    vs_fp32 = _against_fp32(runner, fmt, fp32_baseline, runner_options, ctx, precision, bench)
         io = runner.io_contract()  # read from the artifact: what a serving client really feeds
     finally:
         runner.close()

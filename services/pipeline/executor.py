@@ -23,6 +23,7 @@ from services.graph.planner import PlanStep
 from services.graph.registry import load_entry
 from services.outages import storage_full
 from services.pipeline.context import StepContext
+from services.pipeline.host_gate import host_share
 from services.pipeline.memory import StepMemory
 from services.spec import CompileSpec
 from services.storage.base import ArtifactStore
@@ -125,7 +126,8 @@ def run_step(step: PlanStep, *, store: ArtifactStore, **kwargs: Any) -> StepOutc
 
     See :func:`_run_step` for the arguments.
     """
-    with store.in_use():
+    # A share of the host, so that a benchmark elsewhere on it waits for this step (host_gate).
+    with store.in_use(), host_share():
         return _run_step(step, store=store, **kwargs)
 
 
