@@ -19,7 +19,6 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import helm_process
@@ -60,15 +59,17 @@ def _compose_bin() -> str:
 
 def _engines_the_planner_needs() -> set[str]:
     """Return every concrete engine some registered converter or exporter can be routed to."""
-    from services.graph.engines import TENSORRT_VARIANTS
+    from services.descriptors import registry
     from services.graph.planner import resolve_engine
     from services.graph.registry import default_registry
+    from services.spec import CompileSpec
 
     needed = set()
     for family in default_registry().engines():
-        # resolve_engine reads only the spec's TensorRT variant; try every variant there is.
-        for variant in TENSORRT_VARIANTS:
-            needed.add(resolve_engine(family, SimpleNamespace(tensorrt_variant=variant)))  # type: ignore[arg-type]
+        # A family with variants resolves to the one the spec's options pick: try every variant there is.
+        for variant in registry().engines[family].variants or [None]:
+            options = {family: {"variant": variant}} if variant else {}
+            needed.add(resolve_engine(family, CompileSpec(targets=["onnxruntime"], options=options)))
     return needed
 
 
