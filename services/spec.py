@@ -252,6 +252,7 @@ def _legacy_schema(schema: dict[str, Any]) -> None:
         assert model is not None
         prop = dict(model.model_json_schema()["properties"][new])
         prop["deprecated"] = True
+        prop["title"] = old.replace("_", " ").title()
         prop["description"] = f"Deprecated spelling of options.{engine}.{new}. " + prop.get("description", "")
         schema.setdefault("properties", {})[old] = prop
 

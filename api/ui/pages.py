@@ -212,7 +212,8 @@ def _spec_fields() -> dict[str, Any]:
             return [resolve(v) for v in node]
         return node
 
-    props = resolve(schema["properties"])
+    # Deprecated spellings (tensorrt_variant: now options.tensorrt.variant) are accepted, not offered.
+    props = {k: v for k, v in resolve(schema["properties"]).items() if not v.get("deprecated")}
     for prop in props.values():
         # `X | None` is an anyOf with null: the form shows X, empty meaning unset.
         options = [o for o in prop.get("anyOf", []) if o.get("type") != "null"]

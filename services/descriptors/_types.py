@@ -75,9 +75,15 @@ class FormatDescriptor:
     source_engine: str | None = None
     #: Why a file of this format cannot be compiled, and what to submit instead (only when source_engine is None).
     not_a_source: tuple[str, str] | None = None
-    #: Optional content sniffers, tried after the built-in ones: "module:function"(path) -> description | None.
-    detect_file: str | None = None
-    detect_dir: str | None = None
+    #: Content sniffers for formats services/formats/detect.py does not know, tried after its own rules:
+    #: ``detect`` "module:function"(path: a file or directory) -> what was seen, or None when not this format;
+    #: ``detect_archive`` "module:function"(member names of a zip or tar) -> what was seen, or None.
+    detect: str | None = None
+    detect_archive: str | None = None
+    #: "module:function"(directory) -> the path its loader opens (default: the directory itself).
+    loadable: str | None = None
+    #: An archive of this format is read whole by its loader (Keras v3, TorchScript) instead of extracted.
+    archive_is_the_model: bool = False
 
 
 @dataclass(frozen=True)

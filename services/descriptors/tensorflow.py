@@ -28,6 +28,7 @@ DESCRIPTORS = (
         label="Keras (.keras/.h5)",
         runner="services.runners.tensorflow:KerasRunner",
         source_engine="tensorflow",
+        archive_is_the_model=True,  # a zip its loader reads whole
     ),
     FormatDescriptor(
         name="savedmodel",

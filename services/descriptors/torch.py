@@ -10,12 +10,14 @@ DESCRIPTORS = (
         label="TorchScript (.pt)",
         runner="services.runners.torch:TorchScriptRunner",
         source_engine="onnxruntime",  # the onnxruntime image carries torch for the importers
+        archive_is_the_model=True,  # a zip its loader reads whole
     ),
     FormatDescriptor(
         name="torch_export",
         label="torch.export (.pt2)",
         runner="services.runners.torch:ExportedProgramRunner",
         source_engine="onnxruntime",
+        archive_is_the_model=True,  # a zip its loader reads whole
     ),
     ConverterDescriptor(
         "torchscript-to-onnx",
