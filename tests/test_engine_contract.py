@@ -1,84 +1,24 @@
-"""One contract for every runner and every exporter, run against each registered format and target.
+"""The engine contract (tests/engine_contract.py) run against every built-in format and target.
 
-The contract classes hold the tests (as tests/test_storage_contract.py does for storage);
-a format adds only a fixtures class that writes the contract model in that format. The
-model is the same everywhere: inputs ``x`` and ``y`` (float32, batch x 4), outputs
-``z_sum = x + y`` then ``a_prod = x * y``, declared in that order, which is not
-alphabetical, so a runner that sorts its outputs is caught. Feeding 1e30 overflows the
-product to +inf, and inf + -inf gives NaN: non-finite values must come back as they are.
-
-``test_every_format_and_target_has_a_contract`` fails when a descriptor registers a
-runner or a target without a fixtures class here, so a new engine runs the same suite.
-An engine that cannot run on this machine (TensorRT: NVIDIA's index only) is in the suite
-and skips with the reason; on a machine with it, the same tests run.
+Each class adds only how to write the contract model in its format; the tests are the
+contract's. ``test_every_format_and_target_has_a_contract`` fails when a descriptor registers
+a runner or a target that no test file gives a contract class, so a new engine runs the same
+suite. An engine that cannot run on this machine (TensorRT: NVIDIA's index only) is in the
+suite and skips with the reason; on a machine with it, the same tests run.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import ast
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
-import numpy as np
 import pytest
+from engine_contract import BATCH, FEATURES, ExporterContract, RunnerContract, importable, sample_feeds
 
 from services.descriptors import registry
-from services.formats import Format
-from services.runners import ModelRunner, TensorSpec, open_runner
 
-BATCH = 3
-FEATURES = 4
-OUTPUTS = ("z_sum", "a_prod")
-
-
-def _feeds() -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(0)
-    return {
-        "x": rng.standard_normal((BATCH, FEATURES)).astype(np.float32),
-        "y": rng.standard_normal((BATCH, FEATURES)).astype(np.float32),
-    }
-
-
-def _nonfinite_feeds() -> dict[str, np.ndarray]:
-    x = np.ones((BATCH, FEATURES), np.float32)
-    y = np.ones((BATCH, FEATURES), np.float32)
-    x[0, 0] = y[0, 0] = 1e30  # product overflows: +inf
-    x[1, 1], y[1, 1] = np.inf, -np.inf  # sum: NaN; product: -inf
-    return {"x": x, "y": y}
-
-
-def _expected(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    x, y = feeds["x"], feeds["y"]
-    with np.errstate(over="ignore", invalid="ignore"):
-        return {"z_sum": x + y, "a_prod": x * y}
-
-
-def _importable(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
-
-
-# --------------------------------------------------------------------------- the contract model
-
-
-def contract_onnx(path: Path) -> Path:
-    """Write the contract model as ONNX (opset 17, dynamic batch)."""
-    import onnx
-    from onnx import TensorProto, helper
-
-    def vi(name: str) -> onnx.ValueInfoProto:
-        return helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", FEATURES])
-
-    graph = helper.make_graph(
-        [helper.make_node("Add", ["x", "y"], ["z_sum"]), helper.make_node("Mul", ["x", "y"], ["a_prod"])],
-        "contract",
-        [vi("x"), vi("y")],
-        [vi("z_sum"), vi("a_prod")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    onnx.save(model, path)
-    return path
+TESTS = Path(__file__).resolve().parent
 
 
 def _keras_model() -> Any:
@@ -89,73 +29,6 @@ def _keras_model() -> Any:
     z_sum = keras.layers.Add(name="z_sum")([x, y])
     a_prod = keras.layers.Multiply(name="a_prod")([x, y])
     return keras.Model({"x": x, "y": y}, [z_sum, a_prod])
-
-
-# --------------------------------------------------------------------------- runners
-
-
-class RunnerContract:
-    """What every ModelRunner promises; a subclass gives ``fmt`` and the ``model`` fixture."""
-
-    fmt: ClassVar[str]
-    #: Output names as the format stores them, in the model's order (formats that rename say so).
-    output_names: ClassVar[tuple[str, ...]] = OUTPUTS
-    #: Formats whose stored order is not the model's (a signature map) set this False.
-    ordered: ClassVar[bool] = True
-
-    @pytest.fixture
-    def runner(self, model: Path) -> Any:
-        r = open_runner(Format(self.fmt), model)
-        yield r
-        r.close()
-
-    def _by_model_name(self, out: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return dict(zip(OUTPUTS, (out[n] for n in self.output_names), strict=True))
-
-    def test_tensor_specs(self, runner: ModelRunner) -> None:
-        assert all(isinstance(t, TensorSpec) for t in [*runner.inputs, *runner.outputs])
-        assert sorted(t.name for t in runner.inputs) == ["x", "y"]
-        assert sorted(t.name for t in runner.outputs) == sorted(self.output_names)
-        for t in [*runner.inputs, *runner.outputs]:
-            assert t.dtype == "float32", t
-            assert len(t.shape) == 2 and t.shape[1] == FEATURES and t.shape[0] in (None, BATCH), t
-        io = runner.io_contract()
-        assert [d["name"] for d in io["inputs"]] == [t.name for t in runner.inputs]
-        assert [d["name"] for d in io["outputs"]] == [t.name for t in runner.outputs]
-
-    def test_outputs_in_declared_order_with_the_right_values(self, runner: ModelRunner) -> None:
-        feeds = _feeds()
-        out = runner.run(feeds)
-        assert list(out) == [t.name for t in runner.outputs]  # run() keeps self.outputs' order
-        if self.ordered:
-            assert [t.name for t in runner.outputs] == list(self.output_names)
-        got = self._by_model_name(out)
-        for name, want in _expected(feeds).items():
-            assert got[name].shape == (BATCH, FEATURES) and got[name].dtype == np.float32
-            np.testing.assert_allclose(got[name], want, rtol=1e-6, atol=1e-6)
-
-    def test_nonfinite_outputs_come_back_as_they_are(self, runner: ModelRunner) -> None:
-        feeds = _nonfinite_feeds()
-        got = self._by_model_name(runner.run(feeds))
-        want = _expected(feeds)
-        assert got["a_prod"][0, 0] == np.inf and got["a_prod"][1, 1] == -np.inf
-        assert np.isnan(got["z_sum"][1, 1])
-        for name in OUTPUTS:
-            np.testing.assert_array_equal(np.isfinite(got[name]), np.isfinite(want[name]))
-
-    def test_runs_again_after_a_run_and_closes_twice(self, model: Path) -> None:
-        r = open_runner(Format(self.fmt), model)
-        first = r.run(_feeds())
-        second = r.run(_feeds())
-        for name in first:
-            np.testing.assert_array_equal(first[name], second[name])
-        r.close()
-        r.close()  # idempotent: exporters close in finally blocks that may run twice
-
-
-@pytest.fixture(scope="module")
-def onnx_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return contract_onnx(tmp_path_factory.mktemp("contract") / "model.onnx")
 
 
 @pytest.fixture(scope="module")
@@ -253,7 +126,7 @@ class TestTorchScriptRunner(RunnerContract):
     def model(self, tmp_path: Path) -> Path:
         torch = pytest.importorskip("torch")
         path = tmp_path / "model.pt"
-        feeds = _feeds()
+        feeds = sample_feeds()
         torch.jit.trace(_TorchContract.module(), (torch.from_numpy(feeds["x"]), torch.from_numpy(feeds["y"]))).save(
             str(path)
         )
@@ -268,7 +141,7 @@ class TestExportedProgramRunner(RunnerContract):
     def model(self, tmp_path: Path) -> Path:
         torch = pytest.importorskip("torch")
         path = tmp_path / "model.pt2"
-        feeds = _feeds()
+        feeds = sample_feeds()
         batch = torch.export.Dim("batch", min=2)
         program = torch.export.export(
             _TorchContract.module(),
@@ -281,7 +154,7 @@ class TestExportedProgramRunner(RunnerContract):
 
 @pytest.mark.tensorrt
 @pytest.mark.skipif(
-    not _importable("tensorrt"), reason="TensorRT is not installable here: wheels only on NVIDIA's index"
+    not importable("tensorrt"), reason="TensorRT is not installable here: wheels only on NVIDIA's index"
 )
 class TestTensorRTRunner(RunnerContract):
     fmt = "tensorrt_plan"
@@ -303,81 +176,6 @@ class TestTensorRTRunner(RunnerContract):
 
 
 # --------------------------------------------------------------------------- exporters
-
-
-@pytest.fixture(scope="module")
-def compiled(onnx_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """Compile the contract model for every target this machine can build, in one job."""
-    from services.pipeline import compile_model
-    from services.repository import LocalModelRepository
-    from services.spec import load_spec
-    from services.storage import LocalArtifactStore
-
-    targets = [t for t in registry().targets if t not in ExporterContract.cannot_run_here()]
-    root = tmp_path_factory.mktemp("contract-compile")
-    spec = load_spec({"targets": targets, "name": "contract", "benchmark": False})
-    return compile_model(
-        onnx_model, spec, store=LocalArtifactStore(root / "store"), repository=LocalModelRepository(root / "repo")
-    )
-
-
-class ExporterContract:
-    """What every target's exporter promises for the contract model; a subclass names the target."""
-
-    target: ClassVar[str]
-    #: The artifact lists outputs in the source's order (TF signatures are maps: clients address them by name).
-    ordered: ClassVar[bool] = True
-
-    @staticmethod
-    def cannot_run_here() -> dict[str, str]:
-        """Return the targets whose engine this machine lacks, with the reason."""
-        out = {}
-        for name, t in registry().targets.items():
-            missing = [m for m in registry().engines[t.engine].modules if not _importable(m)]
-            if missing:
-                out[name] = f"{', '.join(missing)} not installed here"
-        return out
-
-    @pytest.fixture
-    def artifact(self, compiled: Any) -> Any:
-        reason = self.cannot_run_here().get(self.target)
-        if reason:
-            pytest.skip(reason)
-        result = compiled.targets[self.target]
-        assert result.status == "succeeded", result.error
-        plan = compiled.plan
-        export_id = plan.route_options(self.target)[0].export
-        return compiled.steps[export_id].artifact
-
-    def test_io_keeps_the_source_names_and_order(self, artifact: Any) -> None:
-        io = artifact.meta["io"]  # read from the artifact itself
-        inputs, outputs = [t["name"] for t in io["inputs"]], [t["name"] for t in io["outputs"]]
-        if self.ordered:
-            assert (inputs, outputs) == (["x", "y"], list(OUTPUTS))
-        else:  # names kept, order the signature's own (TF Serving lists inputs y, x)
-            assert (sorted(inputs), sorted(outputs)) == (["x", "y"], sorted(OUTPUTS))
-        assert all(t["dtype"] == "float32" for t in [*io["inputs"], *io["outputs"]])
-        parity = artifact.meta["parity"]
-        assert parity["passed"] is True and [o["name"] for o in parity["outputs"]] == list(OUTPUTS)
-
-    def test_artifact_runs_on_its_format_runner(self, artifact: Any) -> None:
-        fmt = Format(registry().targets[self.target].artifact_format)
-        assert artifact.kind == fmt.value
-        runner = open_runner(fmt, Path(artifact.root) / (artifact.entry or ""))
-        try:
-            feeds = _feeds()
-            out = runner.run(feeds)
-            assert list(out) == [t.name for t in runner.outputs]
-            for name, want in _expected(feeds).items():
-                np.testing.assert_allclose(out[name], want, rtol=1e-5, atol=1e-5)
-            feeds = _nonfinite_feeds()
-            out = runner.run(feeds)
-            for name, want in _expected(feeds).items():
-                np.testing.assert_array_equal(np.isfinite(out[name]), np.isfinite(want))
-            assert np.isnan(out["z_sum"][1, 1]) and out["a_prod"][0, 0] == np.inf
-        finally:
-            runner.close()
-            runner.close()
 
 
 class TestOnnxRuntimeExporter(ExporterContract):
@@ -405,8 +203,29 @@ class TestTensorRTExporter(ExporterContract):
 # --------------------------------------------------------------------------- coverage
 
 
+def _contract_classes() -> dict[str, set[str]]:
+    """Return the ``fmt`` of every RunnerContract subclass and the ``target`` of every ExporterContract one."""
+    found: dict[str, set[str]] = {"RunnerContract": set(), "ExporterContract": set()}
+    for path in TESTS.glob("test_*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for base in node.bases:
+                kind = base.id if isinstance(base, ast.Name) else None
+                if kind not in found:
+                    continue
+                for stmt in node.body:
+                    if (
+                        isinstance(stmt, ast.Assign)
+                        and isinstance(stmt.targets[0], ast.Name)
+                        and stmt.targets[0].id in ("fmt", "target")
+                        and isinstance(stmt.value, ast.Constant)
+                    ):
+                        found[kind].add(str(stmt.value.value))
+    return found
+
+
 def test_every_format_and_target_has_a_contract() -> None:
-    formats = {c.fmt for c in RunnerContract.__subclasses__()}
-    targets = {c.target for c in ExporterContract.__subclasses__()}
-    assert formats == {f.name for f in registry().formats.values() if f.runner}
-    assert targets == set(registry().targets)
+    found = _contract_classes()
+    assert found["RunnerContract"] == {f.name for f in registry().formats.values() if f.runner}
+    assert found["ExporterContract"] == set(registry().targets)

@@ -16,6 +16,7 @@ from api.ui.charts import benchmark_chart
 from api.ui.session import error_page, render, render_page, viewer
 from api.ui.views import job_grid, output_headroom, waiting_reason
 from api.views import job_public
+from services.descriptors import registry
 from services.errors import NotFound
 from services.graph.engines import ENGINES
 from services.jobs.store import JobFilter
@@ -222,6 +223,13 @@ def _spec_fields() -> dict[str, Any]:
     return {"properties": props, "required": schema.get("required", [])}
 
 
+def _source_formats() -> dict[str, Any]:
+    """Return what the upload field says it takes, and file endings -> format for the plan preview."""
+    sources = [f for f in registry().formats.values() if f.source_engine is not None]
+    endings = sorted(((e, f.name) for f in sources for e in f.extensions), key=lambda p: -len(p[0]))
+    return {"source_labels": [f.label for f in sources], "extensions": endings}
+
+
 @router.get("/submit")
 async def submit_page(request: Request) -> Response:
     who = await viewer(request, "write")
@@ -229,7 +237,7 @@ async def submit_page(request: Request) -> Response:
         return who
     if not who.allows("write"):
         return error_page(request, who, NotFound("submitting needs a token with the write scope"))
-    return render(request, "submit.html", who, nav="submit", schema=_spec_fields())
+    return render(request, "submit.html", who, nav="submit", schema=_spec_fields(), **_source_formats())
 
 
 @router.get("")

@@ -73,6 +73,8 @@ class FormatDescriptor:
     runner: str | None  # "module:Factory" taking (path, **options) and returning a ModelRunner
     #: The engine family whose worker reads it as a source (reference outputs); None: never a source.
     source_engine: str | None = None
+    #: File name endings that suggest it (the dashboard's guess before upload; detection reads content).
+    extensions: tuple[str, ...] = ()
     #: Why a file of this format cannot be compiled, and what to submit instead (only when source_engine is None).
     not_a_source: tuple[str, str] | None = None
     #: Content sniffers for formats services/formats/detect.py does not know, tried after its own rules:

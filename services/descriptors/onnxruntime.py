@@ -18,6 +18,7 @@ DESCRIPTORS = (
     FormatDescriptor(
         name="onnx",
         label="ONNX",
+        extensions=(".onnx",),
         runner="services.runners.onnx:OnnxRuntimeRunner",
         source_engine="onnxruntime",
     ),

@@ -23,6 +23,7 @@ DESCRIPTORS = (
     FormatDescriptor(
         name="openvino_ir",
         label="OpenVINO IR (.xml+.bin)",
+        extensions=(".xml",),
         runner="services.runners.openvino:OpenVINORunner",
         source_engine="openvino",
     ),

@@ -26,6 +26,7 @@ DESCRIPTORS = (
     FormatDescriptor(
         name="keras",
         label="Keras (.keras/.h5)",
+        extensions=(".keras", ".h5"),
         runner="services.runners.tensorflow:KerasRunner",
         source_engine="tensorflow",
         archive_is_the_model=True,  # a zip its loader reads whole
@@ -33,12 +34,14 @@ DESCRIPTORS = (
     FormatDescriptor(
         name="savedmodel",
         label="TF SavedModel (dir/.zip/.tar.gz)",
+        extensions=(".tar.gz", ".tgz", ".zip", ".tar"),
         runner="services.runners.tensorflow:SavedModelRunner",
         source_engine="tensorflow",
     ),
     FormatDescriptor(
         name="tflite",
         label="TFLite",
+        extensions=(".tflite",),
         runner="services.runners.tflite:TFLiteRunner",
         source_engine="tensorflow",
     ),

@@ -42,6 +42,7 @@ DESCRIPTORS = (
     FormatDescriptor(
         name="tensorrt_plan",
         label="TensorRT plan",
+        extensions=(".plan", ".engine"),
         runner="services.runners.tensorrt:TensorRTRunner",
         not_a_source=(
             "a TensorRT plan is an engine-specific binary and cannot be converted",

@@ -8,6 +8,7 @@ DESCRIPTORS = (
     FormatDescriptor(
         name="torchscript",
         label="TorchScript (.pt)",
+        extensions=(".pt",),
         runner="services.runners.torch:TorchScriptRunner",
         source_engine="onnxruntime",  # the onnxruntime image carries torch for the importers
         archive_is_the_model=True,  # a zip its loader reads whole
@@ -15,6 +16,7 @@ DESCRIPTORS = (
     FormatDescriptor(
         name="torch_export",
         label="torch.export (.pt2)",
+        extensions=(".pt2",),
         runner="services.runners.torch:ExportedProgramRunner",
         source_engine="onnxruntime",
         archive_is_the_model=True,  # a zip its loader reads whole
