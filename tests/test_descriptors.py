@@ -64,21 +64,24 @@ def test_derived_tables_match_the_descriptors() -> None:
     from workers.queues import all_queues
 
     reg = registry()
-    assert list(ENGINES) == ["onnxruntime", "openvino", "tensorflow", "tensorrt-cu12", "tensorrt-cu13"]
+    assert list(ENGINES)[:5] == ["onnxruntime", "openvino", "tensorflow", "tensorrt-cu12", "tensorrt-cu13"]
+    assert list(ENGINES) == list(concrete_engines())
     assert ENGINES["tensorrt-cu12"].description == "TensorRT 10.x on CUDA 12"
     assert all_queues() == [f"kiln.{e}" for e in ENGINES]
     assert ENGINE_PACKAGES["tensorrt"][0] == "tensorrt" and set(ENGINE_PACKAGES) == set(reg.engines)
     assert "openvino" in tool_versions("openvino") and "tensorrt" not in tool_versions("tensorrt-cu13")
-    assert set(_ENGINE_PRELOAD) == {"onnxruntime", "openvino"}  # TensorFlow and torch are not fork-safe
+    assert {"onnxruntime", "openvino"} <= set(_ENGINE_PRELOAD)
+    assert not {"tensorflow", "tensorrt-cu13"} & set(_ENGINE_PRELOAD)  # TensorFlow and torch are not fork-safe
     assert {f.value: e for f, e in _RUNNERS.items()} == {f.name: f.runner for f in reg.formats.values()}
     graph = default_registry()
     assert {c.name for c in graph.converters} == set(reg.converters)
     assert {e.target.value for e in graph.exporters} == set(reg.targets)
-    assert graph.engines() == {"onnxruntime", "openvino", "tensorflow", "tensorrt"}
+    assert graph.engines() == set(reg.engines) >= {"onnxruntime", "openvino", "tensorflow", "tensorrt"}
     from services.formats import Format
 
     assert source_engine(Format.KERAS) == "tensorflow" and source_engine(Format.TORCHSCRIPT) == "onnxruntime"
-    assert ROOTS == ("triton", "tfserving", "tflite")
+    assert ROOTS[:3] == ("triton", "tfserving", "tflite")
+    assert set(ROOTS) == {t.server_root for t in reg.targets.values()}
     assert [server_root(t, {}) for t in ("onnxruntime", "tensorrt", "tfserving", "tflite")] == [
         "triton",
         "triton",
@@ -91,11 +94,13 @@ def test_unsupported_format_hint_lists_every_source_format() -> None:
     from services.errors import UnsupportedFormat
 
     hint = UnsupportedFormat("x").hint
-    assert hint == (
+    assert hint.startswith(
         "Kiln reads ONNX, Keras (.keras/.h5), TF SavedModel (dir/.zip/.tar.gz), TFLite, "
-        "TorchScript (.pt), torch.export (.pt2) and OpenVINO IR (.xml+.bin); "
-        "set `source_format` in the spec if detection guessed wrong."
-    )
+        "TorchScript (.pt), torch.export (.pt2)"
+    )  # the hint main had, word for word, with any source format registered since after it
+    assert hint.endswith("; set `source_format` in the spec if detection guessed wrong.")
+    for f in registry().formats.values():
+        assert (f.label in hint) is (f.source_engine is not None), f.name
     assert "TensorRT" not in hint  # a plan is no source
     assert UnsupportedFormat("x", hint="own").hint == "own"
 
@@ -297,9 +302,10 @@ def test_a_plugin_engine_is_derived_everywhere(plugin_env: dict[str, str]) -> No
     assert seen["engine"] == "A demo engine registered by a plugin"
     assert seen["queues"][-1] == "kiln.democopy"
     assert seen["tools"] == ["kiln", "numpy", "onnxruntime", "python"]
-    assert seen["roots"] == ["triton", "tfserving", "tflite", "demo"] and seen["preload"] is True
+    assert seen["roots"][:3] == ["triton", "tfserving", "tflite"] and seen["roots"][-1] == "demo"
+    assert seen["preload"] is True
     assert seen["targets_enum"][-1] == "democopy"
-    assert seen["options"] == ["democopy", "tensorrt"]
+    assert {"democopy", "tensorrt"} <= set(seen["options"])
     assert "worker-democopy:" in seen["snippet"] and "ENGINE: democopy" in seen["snippet"]
 
 
@@ -337,7 +343,7 @@ def test_a_plugin_engine_compiles_end_to_end(plugin_env: dict[str, str], cnn_onn
     assert routes.returncode == 0 and re.search(r"democopy\s*│\s*democopy\s*│\s*onnx \(1\)", routes.stdout), (
         routes.stdout
     )
-    assert set(concrete_engines()) == {"onnxruntime", "openvino", "tensorflow", "tensorrt-cu12", "tensorrt-cu13"}
+    assert "democopy" not in concrete_engines()  # the plugin lives in the subprocesses only
 
 
 def test_deploy_snippets_follow_the_descriptors() -> None:
