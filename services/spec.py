@@ -22,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from services.descriptors import registry
+from services.descriptors import option_sections, registry
 from services.errors import InvalidSpec
 from services.formats import Format
 
@@ -220,12 +220,11 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 
 
 def _engine_options_model() -> type[BaseModel]:
-    """Return the model of the spec's ``options``: one field per engine with an options model, named for it."""
-    fields: dict[str, Any] = {
-        e.name: (e.options, Field(default_factory=e.options, description=(e.options.__doc__ or "").strip()))
-        for e in registry().engines.values()
-        if e.options is not None
-    }
+    """Return the model of the spec's ``options``: one field per engine or source format with an options model."""
+    fields: dict[str, Any] = {}
+    for name, d in option_sections().items():
+        assert d.options is not None
+        fields[name] = (d.options, Field(default_factory=d.options, description=(d.options.__doc__ or "").strip()))
     return create_model(  # type: ignore[no-any-return,call-overload]
         "EngineOptions", __base__=_Strict, __doc__="Per-engine settings, each contributed by its engine.", **fields
     )
@@ -344,9 +343,9 @@ class CompileSpec(_Strict):
                 return value
         raise KeyError(f"no engine registers options of type {model.__name__}")
 
-    def options_for(self, engine: str) -> BaseModel | None:
-        """Return engine family ``engine``'s options section, or None when it has none."""
-        value = getattr(self.options, engine, None)
+    def options_for(self, name: str) -> BaseModel | None:
+        """Return the options section of engine family or source format ``name``, or None when it has none."""
+        value = getattr(self.options, name, None)
         return value if isinstance(value, BaseModel) else None
 
     @field_validator("targets")

@@ -137,6 +137,18 @@ def test_registry_refuses_clashes_and_dangling_names() -> None:
 
     with pytest.raises(ValueError, match=r"needs a `variant` field"):
         Registry.build([("m", [_engine("e1", variants={"a": "A"}, default_variant="a", options=NoVariant)])])
+    with pytest.raises(ValueError, match="two descriptors contribute spec options under one name"):
+        Registry.build(
+            [
+                (
+                    "m",
+                    [
+                        _engine("demo", options=NoVariant),
+                        FormatDescriptor("demo", "D", None, "demo", options=NoVariant),
+                    ],
+                )
+            ]
+        )
     with pytest.raises(ValueError, match="is not a descriptor"):
         Registry.build([("m", ["onnx"])])  # type: ignore[list-item]
 
@@ -197,7 +209,27 @@ class DemoOptions(BaseModel):
     note: str = Field(default="plain", description="Recorded in the manifest's engine_details.")
 
 
+class DemoSourceOptions(BaseModel):
+    """How to read a demo source (options.demo_src)."""
+
+    model_config = ConfigDict(extra="forbid")
+    task: str = "copy"
+
+
+def sniff(path):
+    """Return what was seen when ``path`` is a demo source (a file starting with DEMO), else None."""
+    return "DEMO magic" if path.is_file() and path.read_bytes()[:4] == b"DEMO" else None
+
+
 DESCRIPTORS = (
+    FormatDescriptor(
+        name="demo_src",
+        label="Demo source (.demo)",
+        runner=None,
+        source_engine="democopy",
+        detect="kiln_demo.descriptors:sniff",
+        options=DemoSourceOptions,
+    ),
     EngineDescriptor(
         name="democopy",
         description="A demo engine registered by a plugin",
@@ -268,6 +300,10 @@ def plugin_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 _PROBE = """
 import json
+import sys
+from pathlib import Path
+from services.errors import UnsupportedFormat
+from services.formats import detect_format
 from services.formats import Format
 from services.spec import TargetName, spec_json_schema
 from services.graph.engines import ENGINES
@@ -288,13 +324,17 @@ print(json.dumps({
     "targets_enum": schema["$defs"]["TargetName"]["enum"],
     "options": sorted(schema["$defs"]["EngineOptions"]["properties"]),
     "snippet": snippets("democopy"),
+    "detected": detect_format(Path(sys.argv[1])),
+    "hint": UnsupportedFormat("x").hint,
 }))
 """
 
 
-def test_a_plugin_engine_is_derived_everywhere(plugin_env: dict[str, str]) -> None:
+def test_a_plugin_engine_is_derived_everywhere(plugin_env: dict[str, str], tmp_path: Path) -> None:
+    demo = tmp_path / "m.demo"
+    demo.write_bytes(b"DEMO and some bytes")
     proc = subprocess.run(
-        [sys.executable, "-c", _PROBE], env=plugin_env, capture_output=True, text=True, timeout=120, cwd=ROOT
+        [sys.executable, "-c", _PROBE, str(demo)], env=plugin_env, capture_output=True, text=True, timeout=120, cwd=ROOT
     )
     assert proc.returncode == 0, proc.stderr
     seen = json.loads(proc.stdout)
@@ -305,7 +345,9 @@ def test_a_plugin_engine_is_derived_everywhere(plugin_env: dict[str, str]) -> No
     assert seen["roots"][:3] == ["triton", "tfserving", "tflite"] and seen["roots"][-1] == "demo"
     assert seen["preload"] is True
     assert seen["targets_enum"][-1] == "democopy"
-    assert {"democopy", "tensorrt"} <= set(seen["options"])
+    assert {"democopy", "demo_src", "tensorrt"} <= set(seen["options"])
+    assert seen["detected"] == ["demo_src", "DEMO magic"]  # the plugin's sniffer, after the built-in rules
+    assert "OpenVINO IR (.xml+.bin) and Demo source (.demo);" in seen["hint"]
     assert "worker-democopy:" in seen["snippet"] and "ENGINE: democopy" in seen["snippet"]
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "concrete_engines",
     "engine_descriptor",
     "engine_family",
+    "option_sections",
     "registry",
 ]
 
@@ -120,6 +121,10 @@ class Registry:
             need("engine", t.engine, self.engines, f"target {t.name!r}")
             for name in (*t.accepts, *t.precisions, t.artifact_format):
                 need("format", name, self.formats, f"target {t.name!r}")
+        owners: list[EngineDescriptor | FormatDescriptor] = [*self.engines.values(), *self.formats.values()]
+        sections = [d.name for d in owners if d.options is not None]
+        if len(sections) != len(set(sections)):
+            raise ValueError(f"two descriptors contribute spec options under one name: {sorted(sections)}")
         for e in self.engines.values():
             if e.variants and (e.default_variant not in e.variants or e.options is None):
                 raise ValueError(f"engine {e.name!r} has variants: give default_variant and an options model")
@@ -168,6 +173,13 @@ def engine_family(name: str) -> str:
         if name == e.name or name in e.concrete():
             return e.name
     return name
+
+
+def option_sections() -> dict[str, EngineDescriptor | FormatDescriptor]:
+    """Return the descriptors that contribute a section of the spec's ``options``, by section name."""
+    reg = registry()
+    owners: list[EngineDescriptor | FormatDescriptor] = [*reg.engines.values(), *reg.formats.values()]
+    return {d.name: d for d in owners if d.options is not None}
 
 
 def concrete_engines() -> dict[str, EngineDescriptor]:

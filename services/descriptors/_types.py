@@ -86,6 +86,8 @@ class FormatDescriptor:
     loadable: str | None = None
     #: An archive of this format is read whole by its loader (Keras v3, TorchScript) instead of extracted.
     archive_is_the_model: bool = False
+    #: The source's spec options (``options.<name>``, e.g. a Hugging Face task); they reach every step's cache key.
+    options: type[BaseModel] | None = None
 
 
 @dataclass(frozen=True)

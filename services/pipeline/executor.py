@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from services.artifacts import Artifact
-from services.descriptors import engine_family
+from services.descriptors import FormatDescriptor, engine_family, option_sections
 from services.errors import ConversionFailed, EngineUnavailable, KilnError, SourceUnreadable, StorageFull
 from services.formats import DetectedSource
 from services.graph.planner import PlanStep
@@ -68,10 +68,18 @@ def _spec_fingerprint(
     if fields is not None:
         body = {k: v for k, v in body.items() if k in fields}
     # An engine's own options (options.<engine>) reach only the steps its worker runs: setting
-    # options.tensorrt rebuilds no onnxruntime artifact.
-    options = spec.options_for(engine_family(engine)) if engine and kind in ("convert", "export") else None
-    if options is not None:
-        body["options"] = options.model_dump(mode="json")
+    # options.tensorrt rebuilds no onnxruntime artifact. A source format's options (how to read
+    # the source) reach every step.
+    options = {}
+    family = engine_family(engine) if engine else None
+    for name, d in option_sections().items():
+        section = spec.options_for(name)
+        if section is None:
+            continue
+        if isinstance(d, FormatDescriptor) or (name == family and kind in ("convert", "export")):
+            options[name] = section.model_dump(mode="json")
+    if options:
+        body["options"] = options
     return body
 
 
