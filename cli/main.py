@@ -549,7 +549,7 @@ def routes_cmd(as_json: bool) -> None:
     reach.add_column("source")
     reach.add_column("targets")
     for fmt in Format:
-        if registry().formats[fmt.value].source_engine is None:
+        if not registry().formats[fmt.value].is_source:
             continue  # not a source (a TensorRT plan)
         formats = set(reachable_formats(reg, fmt))
         targets = [e.target.value for e in reg.exporters if any(f in formats for f in e.accepts)]

@@ -75,7 +75,7 @@ def _readable_formats_hint() -> str:
     """Return the hint naming every source format (from the format descriptors)."""
     from services.descriptors import registry
 
-    labels = [f.label for f in registry().formats.values() if f.source_engine is not None]
+    labels = [f.label for f in registry().formats.values() if f.is_source]
     listed = ", ".join(labels[:-1]) + " and " + labels[-1] if len(labels) > 1 else "".join(labels)
     return f"Kiln reads {listed}; set `source_format` in the spec if detection guessed wrong."
 

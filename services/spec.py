@@ -226,7 +226,10 @@ def _engine_options_model() -> type[BaseModel]:
         assert d.options is not None
         fields[name] = (d.options, Field(default_factory=d.options, description=(d.options.__doc__ or "").strip()))
     return create_model(  # type: ignore[no-any-return,call-overload]
-        "EngineOptions", __base__=_Strict, __doc__="Per-engine settings, each contributed by its engine.", **fields
+        "EngineOptions",
+        __base__=_Strict,
+        __doc__="Per-engine settings, each section contributed by its engine.",
+        **fields,
     )
 
 
@@ -297,7 +300,7 @@ class CompileSpec(_Strict):
     optimize: bool = Field(default=True, description="Run Kiln's ONNX optimisation passes when routing via ONNX.")
     options: EngineOptions = Field(
         default_factory=EngineOptions,
-        description="Per-engine settings, one typed section per engine that has any (e.g. options.tensorrt).",
+        description="Per-engine settings: one typed section per engine (or source format) that has any, e.g. options.tensorrt.",
     )
     wait_for_workers: bool = Field(
         default=False,

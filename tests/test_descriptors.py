@@ -80,6 +80,7 @@ def test_derived_tables_match_the_descriptors() -> None:
     from services.formats import Format
 
     assert source_engine(Format.KERAS) == "tensorflow" and source_engine(Format.TORCHSCRIPT) == "onnxruntime"
+    assert source_engine(Format.TENSORRT_PLAN) == "tensorrt"  # read by its engine, refused as a source
     assert ROOTS[:3] == ("triton", "tfserving", "tflite")
     assert set(ROOTS) == {t.server_root for t in reg.targets.values()}
     assert [server_root(t, {}) for t in ("onnxruntime", "tensorrt", "tfserving", "tflite")] == [
@@ -100,7 +101,7 @@ def test_unsupported_format_hint_lists_every_source_format() -> None:
     )  # the hint main had, word for word, with any source format registered since after it
     assert hint.endswith("; set `source_format` in the spec if detection guessed wrong.")
     for f in registry().formats.values():
-        assert (f.label in hint) is (f.source_engine is not None), f.name
+        assert (f.label in hint) is f.is_source, f.name
     assert "TensorRT" not in hint  # a plan is no source
     assert UnsupportedFormat("x", hint="own").hint == "own"
 

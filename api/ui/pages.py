@@ -225,7 +225,7 @@ def _spec_fields() -> dict[str, Any]:
 
 def _source_formats() -> dict[str, Any]:
     """Return what the upload field says it takes, and file endings -> format for the plan preview."""
-    sources = [f for f in registry().formats.values() if f.source_engine is not None]
+    sources = [f for f in registry().formats.values() if f.is_source]
     endings = sorted(((e, f.name) for f in sources for e in f.extensions), key=lambda p: -len(p[0]))
     return {"source_labels": [f.label for f in sources], "extensions": endings}
 

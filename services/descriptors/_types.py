@@ -71,11 +71,11 @@ class FormatDescriptor:
     name: str
     label: str  # how users know it, for hints: "Keras (.keras/.h5)"
     runner: str | None  # "module:Factory" taking (path, **options) and returning a ModelRunner
-    #: The engine family whose worker reads it as a source (reference outputs); None: never a source.
+    #: The engine family whose worker reads a file of it (reference outputs, `kiln inspect`).
     source_engine: str | None = None
     #: File name endings that suggest it (the dashboard's guess before upload; detection reads content).
     extensions: tuple[str, ...] = ()
-    #: Why a file of this format cannot be compiled, and what to submit instead (only when source_engine is None).
+    #: Why a file of this format cannot be compiled, and what to submit instead (an engine's binary, say).
     not_a_source: tuple[str, str] | None = None
     #: Content sniffers for formats services/formats/detect.py does not know, tried after its own rules:
     #: ``detect`` "module:function"(path: a file or directory) -> what was seen, or None when not this format;
@@ -88,6 +88,11 @@ class FormatDescriptor:
     archive_is_the_model: bool = False
     #: The source's spec options (``options.<name>``, e.g. a Hugging Face task); they reach every step's cache key.
     options: type[BaseModel] | None = None
+
+    @property
+    def is_source(self) -> bool:
+        """Return True when Kiln compiles files of this format (an engine reads it, nothing refuses it)."""
+        return self.source_engine is not None and self.not_a_source is None
 
 
 @dataclass(frozen=True)

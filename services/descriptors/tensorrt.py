@@ -44,6 +44,7 @@ DESCRIPTORS = (
         label="TensorRT plan",
         extensions=(".plan", ".engine"),
         runner="services.runners.tensorrt:TensorRTRunner",
+        source_engine="tensorrt",
         not_a_source=(
             "a TensorRT plan is an engine-specific binary and cannot be converted",
             "Submit the ONNX (or framework) model the plan was built from.",

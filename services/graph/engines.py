@@ -12,6 +12,7 @@ import importlib.util
 from dataclasses import dataclass
 
 from services.descriptors import registry
+from services.descriptors.tensorrt import VARIANTS
 
 __all__ = ["ENGINES", "Engine", "engine", "installed_engines", "queue_name", "tensorrt_engine"]
 
@@ -39,8 +40,8 @@ def queue_name(engine_name: str) -> str:
     return f"kiln.{engine_name}"
 
 
-#: TensorRT ships per CUDA major version; each variant has its own image and queue.
-TENSORRT_VARIANTS: dict[str, str] = dict(registry().engines["tensorrt"].variants)
+#: TensorRT ships per CUDA major version; each variant has its own image and queue (its descriptor's variants).
+TENSORRT_VARIANTS: dict[str, str] = dict(VARIANTS)
 
 
 def _engines() -> dict[str, Engine]:

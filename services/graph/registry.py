@@ -115,10 +115,10 @@ def load_entry(entry: str) -> Callable[..., Any]:
 
 
 def source_engine(fmt: Format) -> str:
-    """Return the engine family whose worker reads ``fmt`` as a source (its format descriptor's)."""
+    """Return the engine family whose worker reads ``fmt`` (its format descriptor's)."""
     engine = descriptors.registry().formats[fmt.value].source_engine
     if engine is None:
-        raise KeyError(f"{fmt.value} is not a source format")
+        raise KeyError(f"no engine reads {fmt.value}")
     return engine
 
 
