@@ -196,6 +196,7 @@ class TestTFServingExporter(ExporterContract):
     ordered = False
 
 
+@pytest.mark.tensorrt
 class TestTensorRTExporter(ExporterContract):
     target = "tensorrt"
 
