@@ -39,7 +39,6 @@ __all__ = [
     "TargetDescriptor",
     "WorkerImage",
     "concrete_engines",
-    "engine_descriptor",
     "engine_family",
     "option_sections",
     "registry",
@@ -154,17 +153,6 @@ def _discover() -> list[tuple[str, Iterable[Descriptor]]]:
 def registry() -> Registry:
     """Return the process-wide registry: this package's modules, then the ``kiln.descriptors`` entry points."""
     return Registry.build(_discover())
-
-
-def engine_descriptor(name: str) -> EngineDescriptor:
-    """Return the engine family ``name`` or the family of a concrete engine (``tensorrt-cu13`` → tensorrt)."""
-    engines = registry().engines
-    if name in engines:
-        return engines[name]
-    family = engine_family(name)
-    if family in engines:
-        return engines[family]
-    raise KeyError(f"no engine {name!r}; known: {', '.join(sorted(concrete_engines()))}")
 
 
 def engine_family(name: str) -> str:
