@@ -117,6 +117,7 @@ def test_compose_default_profile_is_the_cpu_stack(tmp_path: Path) -> None:
         "api",
         "worker-onnxruntime",
         "worker-openvino",
+        "worker-paddle",
         "worker-tensorflow",
     }
 
@@ -303,9 +304,10 @@ def test_default_render_has_a_worker_per_cpu_engine(rendered: dict[str, list[dic
         "kiln-redis",
         "kiln-worker-onnxruntime",
         "kiln-worker-openvino",
+        "kiln-worker-paddle",
         "kiln-worker-tensorflow",
     }
-    for engine in ("onnxruntime", "openvino", "tensorflow"):
+    for engine in ("onnxruntime", "openvino", "paddle", "tensorflow"):
         (container,) = deployments[f"kiln-worker-{engine}"]["spec"]["template"]["spec"]["containers"]
         assert container["command"] == ["kiln", "worker", "--engine", engine, "--concurrency", "1"]
         assert container["image"] == f"kiln/worker-{engine}:0.1.0"
@@ -395,6 +397,7 @@ def test_external_render_bundles_nothing(rendered: dict[str, list[dict[str, Any]
         "kiln-api",
         "kiln-worker-onnxruntime",
         "kiln-worker-openvino",
+        "kiln-worker-paddle",
         "kiln-worker-tensorflow",
     }
     secret = _by_kind(docs, "Secret")["kiln"]["stringData"]

@@ -18,3 +18,5 @@ class Format(str, Enum):
     TORCH_EXPORT = "torch_export"
     OPENVINO_IR = "openvino_ir"
     TENSORRT_PLAN = "tensorrt_plan"
+    PADDLE = "paddle"  # Paddle inference model: ProgramDesc .pdmodel + .pdiparams
+    PADDLE_PIR = "paddle_pir"  # Paddle 3.x inference model: PIR .json + .pdiparams

@@ -14,6 +14,7 @@ from pathlib import Path
 from services.errors import SourceUnreadable, UnsafeInput, UnsupportedFormat
 from services.formats._types import Format
 from services.formats.archives import archive_kind, list_members, safe_extract
+from services.formats.paddle import find_paddle_model, paddle_kind_of_members, vet_paddle_model
 
 __all__ = ["DetectedSource", "detect_format", "open_source", "sha256_path"]
 
@@ -64,6 +65,9 @@ def _zip_kind(members: list[str]) -> tuple[Format | None, str]:
     base = {m.rsplit("/", 1)[-1] for m in members}
     if "config.json" in names and ("model.weights.h5" in names or "metadata.json" in names):
         return Format.KERAS, "Keras v3 archive (config.json, model.weights.h5)"
+    # Before torch.export: a Paddle upload may well hold models/model.json (with its .pdiparams).
+    if paddle := paddle_kind_of_members(members):
+        return paddle
     # torch.export's .pt2 is a zip holding a serialized ExportedProgram.
     if any(m.endswith(("serialized_exported_program.json", "models/model.json")) for m in members) or any(
         "/models/" in m and m.endswith(".json") for m in members
@@ -125,9 +129,16 @@ def detect_format(path: Path) -> tuple[Format, str]:
             return Format.ONNX, "tar archive holding an ONNX model"
         if any(m.endswith(".xml") for m in members):
             return Format.OPENVINO_IR, "tar archive holding an OpenVINO IR"
+        if paddle := paddle_kind_of_members(members):
+            return paddle
         raise UnsupportedFormat(f"{path.name}: tar archive with members {sorted(members)[:6]}")
     if _looks_like_onnx(head):
         return Format.ONNX, "protobuf starting with ir_version (ONNX ModelProto)"
+    if path.suffix in (".pdmodel", ".pdiparams") or head.startswith(b'{"base_code"'):
+        raise SourceUnreadable(
+            f"{path.name} is one file of a PaddlePaddle inference model; its program and parameters come as a pair",
+            hint="Upload the directory, or a .zip/.tar.gz, holding model.json (or model.pdmodel) and model.pdiparams.",
+        )
     if path.suffix in (".plan", ".engine"):
         return Format.TENSORRT_PLAN, "TensorRT plan (by name; plans carry no public magic)"
     raise UnsupportedFormat(
@@ -145,6 +156,8 @@ def _detect_dir(path: Path) -> tuple[Format, str]:
     onnx_files = sorted(path.glob("*.onnx"))
     if len(onnx_files) == 1:
         return Format.ONNX, f"directory with {onnx_files[0].name} (external data alongside)"
+    if paddle := paddle_kind_of_members([p.name for p in path.iterdir() if p.is_file()]):
+        return paddle
     subdirs = [p for p in path.iterdir() if p.is_dir()]
     if len(subdirs) == 1 and not any(p.is_file() for p in path.iterdir()):
         return _detect_dir(subdirs[0])
@@ -166,6 +179,8 @@ def _resolve_loadable(fmt: Format, root: Path) -> Path:
         if len(hits) != 1:
             raise UnsupportedFormat(f"expected one .onnx file, found {len(hits)}")
         return hits[0]
+    if fmt in (Format.PADDLE, Format.PADDLE_PIR):
+        return find_paddle_model(root, fmt)[0]
     if fmt is Format.OPENVINO_IR:
         hits = sorted(root.rglob("*.xml"))
         if not hits:
@@ -207,6 +222,8 @@ def open_source(
         loadable = _resolve_loadable(fmt, dest)
     elif path.is_dir():
         loadable = _resolve_loadable(fmt, path)
+    if fmt in (Format.PADDLE, Format.PADDLE_PIR):
+        vet_paddle_model(loadable, fmt)  # pure Python: a malformed or unsafe program is refused at submit
     if fmt is Format.OPENVINO_IR:
         bin_path = loadable.with_suffix(".bin")
         if not bin_path.exists():

@@ -43,6 +43,9 @@ ENGINES: dict[str, Engine] = {
         Engine("onnxruntime", ("onnxruntime", "onnx"), "onnxruntime", "ONNX Runtime; also runs the PyTorch importers"),
         Engine("openvino", ("openvino",), "openvino", "OpenVINO runtime, model conversion and NNCF"),
         Engine("tensorflow", ("tensorflow",), "tensorflow", "TensorFlow, Keras, TFLite and TF Serving exports"),
+        Engine(
+            "paddle", ("paddle", "paddle2onnx"), "paddle", "PaddlePaddle inference and paddle2onnx (Paddle sources)"
+        ),
         *(Engine(f"tensorrt-{v}", ("tensorrt",), "tensorrt", desc) for v, desc in TENSORRT_VARIANTS.items()),
     )
 }

@@ -124,6 +124,8 @@ _SOURCE_ENGINE: dict[Format, str] = {
     Format.TFLITE: "tensorflow",
     Format.OPENVINO_IR: "openvino",
     Format.TENSORRT_PLAN: "tensorrt",
+    Format.PADDLE: "paddle",
+    Format.PADDLE_PIR: "paddle",
 }
 
 
@@ -187,6 +189,24 @@ def _converters() -> Iterable[Converter]:
             "services.converters.torch_to_onnx:exported_program_to_onnx",
             "torch.onnx (dynamo)",
         ),
+        C(
+            "paddle-to-onnx",
+            F.PADDLE,
+            F.ONNX,
+            "paddle",
+            3.0,
+            "services.converters.paddle_onnx:paddle_to_onnx",
+            "paddle2onnx",
+        ),
+        C(
+            "paddle-pir-to-onnx",
+            F.PADDLE_PIR,
+            F.ONNX,
+            "paddle",
+            3.0,
+            "services.converters.paddle_onnx:paddle_to_onnx",
+            "paddle2onnx",
+        ),
         # --- native TensorFlow routes (no ONNX round trip) ---
         C(
             "keras-to-savedmodel",
@@ -224,6 +244,15 @@ def _converters() -> Iterable[Converter]:
             1.5,
             "services.converters.openvino_ir:savedmodel_to_ir",
             "openvino.convert_model",
+        ),
+        C(
+            "paddle-to-openvino-ir",
+            F.PADDLE,
+            F.OPENVINO_IR,
+            "openvino",
+            1.5,
+            "services.converters.paddle_openvino:paddle_to_ir",
+            "openvino.convert_model (Paddle frontend)",
         ),
         C(
             "tflite-to-openvino-ir",

@@ -66,6 +66,8 @@ _RUNNERS: dict[Format, str] = {
     Format.TORCHSCRIPT: "services.runners.torch:TorchScriptRunner",
     Format.TORCH_EXPORT: "services.runners.torch:ExportedProgramRunner",
     Format.TENSORRT_PLAN: "services.runners.tensorrt:TensorRTRunner",
+    Format.PADDLE: "services.runners.paddle:PaddleRunner",
+    Format.PADDLE_PIR: "services.runners.paddle:PaddleRunner",
 }
 
 
