@@ -53,9 +53,11 @@ def rename_io(model: Any, inputs: list[str], outputs: list[str]) -> dict[str, st
 def paddle_to_onnx(ctx: StepContext) -> Artifact:
     """Convert the Paddle inference model to model.onnx (fp32) with paddle2onnx."""
     import onnx
-    import paddle2onnx
 
-    from services.runners.paddle import PaddleRunner
+    from services.runners.paddle import PaddleRunner, import_paddle
+
+    import_paddle()  # paddle2onnx imports Paddle; its import-time notices stay out of the log
+    import paddle2onnx
 
     runner = PaddleRunner(ctx.model.path)  # vets, stages a private copy, and knows Paddle's I/O names
     opset = int(ctx.step.options.get("opset") or ctx.spec.opset or DEFAULT_OPSET)

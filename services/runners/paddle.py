@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +21,21 @@ from services.errors import SourceUnreadable
 from services.formats.paddle import PaddleModel, stage_paddle_model, vet_paddle_model
 from services.runners.base import ModelRunner, TensorSpec
 
-__all__ = ["PaddleRunner", "open_predictor"]
+__all__ = ["PaddleRunner", "import_paddle", "open_predictor"]
+
+
+def import_paddle() -> Any:
+    """Return ``paddle.inference``, imported without Paddle's import-time notices (no ccache, ...)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import paddle.inference
+
+    return paddle.inference
 
 
 def open_predictor(model: PaddleModel, *, threads: int | None = None) -> Any:
     """Return a CPU Paddle Inference predictor for a vetted, staged model; SOURCE_UNREADABLE when Paddle refuses it."""
-    import paddle.inference as pi
+    pi = import_paddle()
 
     config = pi.Config(str(model.program), str(model.params))
     config.disable_gpu()
