@@ -358,6 +358,15 @@ def test_a_pickled_params_info_beside_the_model_is_never_unpickled(models: Path,
     assert not marker.exists()
 
 
+def test_a_paddle_zip_under_models_is_not_taken_for_torch_export(models: Path, tmp_path: Path) -> None:
+    archive = tmp_path / "m.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for name in ("model.json", "model.pdiparams"):
+            zf.write(models / "cnn_pir" / name, f"models/{name}")
+    assert detect_format(archive)[0] is Format.PADDLE_PIR
+    assert open_source(archive, tmp_path / "work").path.name == "model.json"
+
+
 def test_a_lone_program_file_says_to_upload_the_pair(models: Path) -> None:
     for name in ("cnn_pir/model.json", "cnn_pdmodel/model.pdmodel"):
         with pytest.raises(SourceUnreadable) as info:
