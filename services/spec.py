@@ -43,6 +43,7 @@ class TargetName(str, Enum):
     TFLITE = "tflite"
     TFSERVING = "tfserving"
     TENSORRT = "tensorrt"
+    MNN = "mnn"
 
 
 class Precision(str, Enum):

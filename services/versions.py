@@ -15,6 +15,7 @@ ENGINE_PACKAGES: dict[str, tuple[str, ...]] = {
     "onnxruntime": ("onnx", "onnxruntime", "onnxscript", "onnx-ir", "onnxslim", "torch", "numpy"),
     "openvino": ("onnx", "openvino", "nncf", "numpy"),
     "tensorflow": ("tensorflow", "keras", "tf2onnx", "onnx2tf", "ai-edge-litert", "onnx", "numpy"),
+    "mnn": ("mnn", "onnx", "numpy"),
     "tensorrt": ("tensorrt", "cuda-python", "onnxruntime", "onnx", "numpy"),
 }
 

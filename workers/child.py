@@ -79,6 +79,8 @@ _S3_PRELOAD = ("services.storage.s3", "services.repository.s3")
 _ENGINE_PRELOAD = {
     "onnxruntime": ("onnxruntime", "services.exporters.onnxruntime", "services.passes.step"),
     "openvino": ("openvino", "onnxruntime", "services.exporters.openvino", "services.converters.openvino_ir"),
+    # Not MNN itself: its converter runs in a process of its own (services/exporters/mnn_tool.py).
+    "mnn": ("services.exporters.mnn",),
 }
 
 LOG_TAIL_CHARS = 4000

@@ -43,6 +43,7 @@ ENGINES: dict[str, Engine] = {
         Engine("onnxruntime", ("onnxruntime", "onnx"), "onnxruntime", "ONNX Runtime; also runs the PyTorch importers"),
         Engine("openvino", ("openvino",), "openvino", "OpenVINO runtime, model conversion and NNCF"),
         Engine("tensorflow", ("tensorflow",), "tensorflow", "TensorFlow, Keras, TFLite and TF Serving exports"),
+        Engine("mnn", ("MNN", "_tools"), "mnn", "MNN runtime and its converter/quantiser (mobile and edge)"),
         *(Engine(f"tensorrt-{v}", ("tensorrt",), "tensorrt", desc) for v, desc in TENSORRT_VARIANTS.items()),
     )
 }

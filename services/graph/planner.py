@@ -345,6 +345,12 @@ def plan_routes(
             hint="Submit the ONNX (or framework) model the plan was built from.",
             source_format=source.value,
         )
+    if source is Format.MNN:
+        raise NoRoute(
+            "an MNN model is a target artifact, not a source Kiln converts from",
+            hint="Submit the ONNX (or framework) model the .mnn was converted from.",
+            source_format=source.value,
+        )
     chosen = _choose_routes(reg, source, spec, fallbacks)
     steps: dict[str, PlanStep] = {}
     order: list[str] = []

@@ -282,6 +282,14 @@ def _exporters() -> Iterable[Exporter]:
             precisions={F.ONNX: WITHOUT_INT4},
             artifact_format=F.TENSORRT_PLAN,
         ),
+        Exporter(
+            TargetName.MNN,
+            "mnn",
+            {F.ONNX: 1.5},
+            "services.exporters.mnn:export_mnn",
+            precisions={F.ONNX: WITHOUT_INT4},
+            artifact_format=F.MNN,
+        ),
     )
 
 
