@@ -326,3 +326,128 @@ def test_routes_and_refusals() -> None:
     assert next(s for s in plan.steps if s.id == "export:mnn").queue == "kiln.mnn"
     with pytest.raises(NoRoute, match="not a source"):
         plan_routes(Format.MNN, load_spec({"targets": ["mnn"]}))
+
+
+# --- Caffe -> MNN natively (for when the converter graph has a Caffe source format) --------------
+
+
+def _tiny_caffe_model(root: Path) -> tuple[Path, Path, dict[str, np.ndarray]]:
+    """Conv 3x3 + ReLU + max pool + InnerProduct + Softmax as a Caffe .prototxt and .caffemodel, built without Caffe.
+
+    The .caffemodel is a NetParameter serialised with a descriptor of the few caffe.proto
+    messages it needs, under their caffe.proto field numbers (layer 100, blobs 7, shape 7,
+    data 5 packed, dim 1 packed), so the bytes are what Caffe itself writes for these fields.
+    """
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    fdp = descriptor_pb2.FileDescriptorProto(name="caffe_subset.proto", package="caffe", syntax="proto2")
+    F = descriptor_pb2.FieldDescriptorProto
+    fields = {
+        "BlobShape": [("dim", 1, F.TYPE_INT64, F.LABEL_REPEATED, "", True)],
+        "BlobProto": [
+            ("shape", 7, F.TYPE_MESSAGE, F.LABEL_OPTIONAL, ".caffe.BlobShape", False),
+            ("data", 5, F.TYPE_FLOAT, F.LABEL_REPEATED, "", True),
+        ],
+        "LayerParameter": [
+            ("name", 1, F.TYPE_STRING, F.LABEL_OPTIONAL, "", False),
+            ("type", 2, F.TYPE_STRING, F.LABEL_OPTIONAL, "", False),
+            ("blobs", 7, F.TYPE_MESSAGE, F.LABEL_REPEATED, ".caffe.BlobProto", False),
+        ],
+        "NetParameter": [
+            ("name", 1, F.TYPE_STRING, F.LABEL_OPTIONAL, "", False),
+            ("layer", 100, F.TYPE_MESSAGE, F.LABEL_REPEATED, ".caffe.LayerParameter", False),
+        ],
+    }
+    for name, spec in fields.items():
+        message = fdp.message_type.add(name=name)
+        for field_name, number, kind, label, type_name, packed in spec:
+            field = message.field.add(name=field_name, number=number, type=kind, label=label)
+            if type_name:
+                field.type_name = type_name
+            if packed:
+                field.options.packed = True
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fdp)
+    net_cls = message_factory.GetMessageClass(pool.FindMessageTypeByName("caffe.NetParameter"))
+    rng = np.random.default_rng(0)
+    weights = {
+        "w1": (rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32),
+        "b1": (rng.standard_normal(8) * 0.1).astype(np.float32),
+        "w2": (rng.standard_normal((10, 8 * 8 * 8)) * 0.05).astype(np.float32),
+        "b2": (rng.standard_normal(10) * 0.1).astype(np.float32),
+    }
+    net = net_cls(name="tiny")
+    for layer_name, kind, blobs in (("conv1", "Convolution", ("w1", "b1")), ("fc", "InnerProduct", ("w2", "b2"))):
+        layer = net.layer.add(name=layer_name, type=kind)
+        for key in blobs:
+            blob = layer.blobs.add()
+            blob.shape.dim.extend(weights[key].shape)
+            blob.data.extend(weights[key].ravel().tolist())
+    caffemodel = root / "tiny.caffemodel"
+    caffemodel.write_bytes(net.SerializeToString())
+    prototxt = root / "tiny.prototxt"
+    prototxt.write_text(
+        'name: "tiny"\n'
+        'layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 3 dim: 16 dim: 16 } } }\n'
+        'layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"'
+        " convolution_param { num_output: 8 kernel_size: 3 pad: 1 stride: 1 } }\n"
+        'layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }\n'
+        'layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1"'
+        " pooling_param { pool: MAX kernel_size: 2 stride: 2 } }\n"
+        'layer { name: "fc" type: "InnerProduct" bottom: "pool1" top: "fc" inner_product_param { num_output: 10 } }\n'
+        'layer { name: "prob" type: "Softmax" bottom: "fc" top: "prob" }\n'
+    )
+    return prototxt, caffemodel, weights
+
+
+def _caffe_reference(x: np.ndarray, w: dict[str, np.ndarray]) -> np.ndarray:
+    """The tiny Caffe net computed by torch's functional ops: an independent path from MNN's."""
+    import torch
+
+    t = torch.from_numpy
+    h = torch.nn.functional.conv2d(t(x), t(w["w1"]), t(w["b1"]), padding=1).relu()
+    h = torch.nn.functional.max_pool2d(h, 2, 2).flatten(1)
+    return torch.softmax(h @ t(w["w2"]).T + t(w["b2"]), -1).numpy()
+
+
+@pytest.mark.parametrize(("flags", "atol"), [([], 1e-5), (["--fp16"], 2e-3), (["--weightQuantBits", "8"], 1e-2)])
+def test_caffe_converts_natively(flags: list[str], atol: float, tmp_path: Path) -> None:
+    from services.artifacts import Artifact
+    from services.exporters.mnn import MnnSource, convert
+
+    prototxt, caffemodel, weights = _tiny_caffe_model(tmp_path)
+    source = MnnSource.from_artifact(Artifact(root=tmp_path, kind="caffe"))
+    assert (source.framework, source.prototxt, source.model_file) == ("CAFFE", prototxt, caffemodel)
+    dst = tmp_path / "model.mnn"
+    used = convert(source, dst, tmp_path / "scratch", flags=flags)
+    assert used[:2] == ["--useGeluApproximation", "0"] and used[2:] == flags
+    runner = MnnRunner(dst)
+    try:
+        assert [t.name for t in runner.inputs] == ["data"] and [t.name for t in runner.outputs] == ["prob"]
+        assert runner.inputs[0].shape == (1, 3, 16, 16)
+        x = np.random.default_rng(1).standard_normal((1, 3, 16, 16)).astype(np.float32)
+        got = runner.run({"data": x})["prob"]
+    finally:
+        runner.close()
+    np.testing.assert_allclose(got, _caffe_reference(x, weights), atol=atol)
+
+
+def test_an_op_mnn_lacks_is_conversion_failed_naming_it(tmp_path: Path, store, repository) -> None:
+    """MNNConvert prints "Converted Failed!" yet returns success; Kiln reports the op it lacks."""
+    zero = numpy_helper.from_array(np.zeros((), np.float32), "zero")
+    graph = helper.make_graph(
+        [
+            helper.make_node("IsNaN", ["input"], ["nan"]),
+            helper.make_node("Where", ["nan", "zero", "input"], ["output"]),
+        ],
+        "nan_to_zero",
+        [helper.make_tensor_value_info("input", onnx.TensorProto.FLOAT, ["batch", 8])],
+        [helper.make_tensor_value_info("output", onnx.TensorProto.FLOAT, ["batch", 8])],
+        [zero],
+    )
+    path = tmp_path / "nan_to_zero.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    target = _compile(path, store, repository, "fp32")
+    assert target.status == "failed"
+    assert target.error["code"] == "CONVERSION_FAILED"
+    assert "IsNaN" in target.error["message"] and "onnxruntime or openvino" in target.error["hint"]

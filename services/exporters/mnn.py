@@ -14,6 +14,11 @@
   fails parity, the target falls back to weight-only int8 (``--weightQuantBits 8``, float
   activations) and says so in a warning.
 
+Caffe models convert natively too (``MnnSource``: MNNConvert's ``-f CAFFE`` reads the
+``.prototxt`` and ``.caffemodel``; 58 Caffe layer types, ``--OP`` lists them), through the same
+precisions, for an input artifact of kind ``caffe`` (a folder with one of each); the converter
+graph has no Caffe format yet, so no route leads there today.
+
 The converter and quantiser run in a child Python process that refuses network access and
 process starts (services/exporters/mnn_tool.py says why: the wheel's Python wrappers phone
 home and pip-install on import; Kiln never imports them).
@@ -25,6 +30,7 @@ import json
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +47,12 @@ from services.runners.base import TensorSpec
 from services.spec import Precision
 
 __all__ = [
+    "CAFFE_KIND",
     "MODEL_FILE",
     "SERVING",
+    "MnnSource",
     "MnnToolError",
+    "convert",
     "convert_onnx",
     "export_mnn",
     "model_summary",
@@ -65,6 +74,8 @@ SUMMARY_MAX_BYTES = 64 << 20
 #: One converter or quantiser run; the step's own time limit bounds the job as a whole.
 TOOL_TIMEOUT_S = 3600
 _BIZ_CODE = "kiln"
+#: The artifact kind (Format value) of a Caffe model, for when the converter graph has that format.
+CAFFE_KIND = "caffe"
 
 
 class MnnToolError(Exception):
@@ -74,6 +85,11 @@ class MnnToolError(Exception):
         super().__init__(message)
         self.output = output
         self.result = result or {}
+
+    @property
+    def forbidden(self) -> bool:
+        """Return True when the tool tried to reach the network, start a program or import a refused module."""
+        return bool(self.result.get("denied") or self.result.get("denied_modules_loaded"))
 
 
 def run_tool(request: dict[str, Any], scratch: Path, *, python: str | None = None) -> tuple[dict[str, Any], str]:
@@ -110,38 +126,63 @@ def run_tool(request: dict[str, Any], scratch: Path, *, python: str | None = Non
 def _cause(output: str) -> str:
     """Return the converter's most telling line: its last error, else its last line."""
     lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
-    errors = [ln for ln in lines if "error" in ln.lower() or "not support" in ln.lower() or "terminate" in ln.lower()]
+    telling = ("error", "not support", "terminate", "failed")
+    errors = [ln for ln in lines if any(t in ln.lower() for t in telling) and "converted failed" not in ln.lower()]
     return (errors or lines or ["no output"])[-1][:300]
+
+
+@dataclass(frozen=True)
+class MnnSource:
+    """What MNNConvert reads: an ONNX file, or a Caffe model (``.prototxt`` structure + ``.caffemodel`` weights)."""
+
+    framework: str  # MNNConvert's -f: "ONNX" or "CAFFE"
+    model_file: Path
+    prototxt: Path | None = None
+
+    @classmethod
+    def from_artifact(cls, model: Artifact) -> MnnSource:
+        """Return the converter's input for a step's model artifact (ONNX, or a Caffe model's folder)."""
+        if model.kind != CAFFE_KIND:
+            return cls("ONNX", model.path)
+        root = model.root if model.root.is_dir() else model.path.parent
+        protos, weights = sorted(root.rglob("*.prototxt")), sorted(root.rglob("*.caffemodel"))
+        if len(protos) != 1 or len(weights) != 1:
+            raise ConversionFailed(
+                f"a Caffe model is one .prototxt and one .caffemodel; found {len(protos)} and {len(weights)}",
+                tool=TOOL,
+            )
+        return cls("CAFFE", weights[0], protos[0])
+
+    def argv(self) -> list[str]:
+        files = ["--modelFile", str(self.model_file)]
+        return ["-f", self.framework, *files, *(["--prototxt", str(self.prototxt)] if self.prototxt else [])]
+
+
+def convert(source: MnnSource, dst: Path, scratch: Path, *, flags: list[str], exact_gelu: bool = True) -> list[str]:
+    """Convert ``source`` to ``dst`` with MNNConvert; return the converter flags used (beyond the files)."""
+    chosen = ["--bizCode", _BIZ_CODE, "--useGeluApproximation", "0" if exact_gelu else "1", *flags]
+    dst.unlink(missing_ok=True)
+    try:
+        _, output = run_tool({"op": "convert", "argv": [*source.argv(), "--MNNModel", str(dst), *chosen]}, scratch)
+    except MnnToolError as exc:
+        if exc.forbidden:
+            raise ConversionFailed(str(exc), tool=TOOL, output_tail=exc.output[-2000:]) from exc
+        output = exc.output
+    # MNNConvert returns true even when it prints "Converted Failed!" (an op it lacks): the file decides.
+    if not dst.is_file() or dst.stat().st_size == 0:
+        raise ConversionFailed(
+            f"{TOOL} could not convert the {source.framework} model: {_cause(output)}",
+            hint="MNN's converter lacks an op or an attribute this graph uses; the onnxruntime or openvino "
+            "targets read the ONNX model directly.",
+            tool=TOOL,
+            output_tail=output[-2000:],
+        )
+    return chosen[2:]
 
 
 def convert_onnx(src: Path, dst: Path, scratch: Path, *, flags: list[str], exact_gelu: bool = True) -> list[str]:
     """Convert ONNX ``src`` to ``dst`` with MNNConvert; return the converter flags used."""
-    argv = [
-        "-f",
-        "ONNX",
-        "--modelFile",
-        str(src),
-        "--MNNModel",
-        str(dst),
-        "--bizCode",
-        _BIZ_CODE,
-        "--useGeluApproximation",
-        "0" if exact_gelu else "1",
-        *flags,
-    ]
-    try:
-        run_tool({"op": "convert", "argv": argv}, scratch)
-    except MnnToolError as exc:
-        raise ConversionFailed(
-            f"{TOOL} could not convert the ONNX model: {_cause(exc.output)}",
-            hint="MNN's converter lacks an op or an attribute this graph uses; the onnxruntime or openvino "
-            "targets read the ONNX model directly.",
-            tool=TOOL,
-            output_tail=exc.output[-2000:],
-        ) from exc
-    if not dst.is_file() or dst.stat().st_size == 0:
-        raise ConversionFailed(f"{TOOL} reported success but wrote no model", tool=TOOL)
-    return argv[8:]
+    return convert(MnnSource("ONNX", src), dst, scratch, flags=flags, exact_gelu=exact_gelu)
 
 
 def model_summary(model: Path, scratch: Path) -> dict[str, Any]:
@@ -150,7 +191,9 @@ def model_summary(model: Path, scratch: Path) -> dict[str, Any]:
         return {}
     try:
         result, _ = run_tool({"op": "summary", "model": str(model), "scratch": str(scratch)}, scratch)
-    except MnnToolError:
+    except MnnToolError as exc:
+        if exc.forbidden:
+            raise ConversionFailed(str(exc), tool=TOOL, output_tail=exc.output[-2000:]) from exc
         return {}
     return {k: result[k] for k in ("ops", "conv_weights", "int8_activation_convs") if k in result}
 
@@ -219,14 +262,14 @@ def write_calibration(feeds: list[dict[str, np.ndarray]], root: Path) -> dict[st
 
 
 def quantize_full_int8(
-    src_onnx: Path, dst: Path, feeds: list[dict[str, np.ndarray]], scratch: Path
+    source: MnnSource, dst: Path, feeds: list[dict[str, np.ndarray]], scratch: Path
 ) -> tuple[list[str], dict[str, Any]]:
     """Write a full-int8 ``dst`` (weights and activations) by MNN's offline quantiser; return flags and settings.
 
     Raises MnnToolError when the quantiser cannot take the model.
     """
     float_model = scratch / "float-for-int8.mnn"
-    flags = convert_onnx(src_onnx, float_model, scratch, flags=[], exact_gelu=False)
+    flags = convert(source, float_model, scratch, flags=[], exact_gelu=False)
     calib_dir = scratch / "calibration"
     try:
         config = write_calibration(feeds, calib_dir)
@@ -249,8 +292,8 @@ def quantize_full_int8(
     return flags, settings
 
 
-def _weight_only_int8(src: Path, dst: Path, scratch: Path) -> tuple[list[str], dict[str, Any]]:
-    flags = convert_onnx(src, dst, scratch, flags=["--weightQuantBits", "8"])
+def _weight_only_int8(source: MnnSource, dst: Path, scratch: Path) -> tuple[list[str], dict[str, Any]]:
+    flags = convert(source, dst, scratch, flags=["--weightQuantBits", "8"])
     return flags, {"mode": "weight-only int8 (float activations)", "tool": TOOL, "weight_quant_bits": 8}
 
 
@@ -277,26 +320,27 @@ def export_mnn(ctx: StepContext) -> Artifact:
     from importlib import metadata
 
     precision = Precision(ctx.step.options.get("precision", ctx.spec.precision.value))
-    src = ctx.model.path
+    source = MnnSource.from_artifact(ctx.model)
     dst = ctx.out_dir / MODEL_FILE
     scratch = ctx.scratch / "mnn"
     scratch.mkdir(parents=True, exist_ok=True)
-    specs = onnx_tensor_specs(src)
+    # A Caffe prototxt fixes every dim, and the .mnn keeps them: its own signature is the right one.
+    specs = onnx_tensor_specs(source.model_file) if source.framework == "ONNX" else None
     details: dict[str, Any] = {"mnn": metadata.version("mnn"), "converter": f"{TOOL} (the mnn wheel's _tools module)"}
     baseline = None
     if precision is not Precision.FP32 and ctx.spec.bench.enabled:
         # The same model at fp32, to time the artifact against (kept out of the artifact).
         baseline = scratch / "fp32-baseline.mnn"
-        convert_onnx(src, baseline, scratch, flags=[])
+        convert(source, baseline, scratch, flags=[])
     if precision is Precision.FP32:
-        ctx.progress("converting ONNX to MNN")
-        details["convert_flags"] = convert_onnx(src, dst, scratch, flags=[])
+        ctx.progress(f"converting {source.framework} to MNN")
+        details["convert_flags"] = convert(source, dst, scratch, flags=[])
     elif precision is Precision.FP16:
-        ctx.progress("converting ONNX to MNN with fp16 weights")
-        details["convert_flags"] = convert_onnx(src, dst, scratch, flags=["--fp16"])
+        ctx.progress(f"converting {source.framework} to MNN with fp16 weights")
+        details["convert_flags"] = convert(source, dst, scratch, flags=["--fp16"])
         details["fp16"] = {"weights": "float16", "compute": "fp16 where the CPU has fp16 arithmetic, else fp32"}
     elif precision is Precision.INT8:
-        return _export_int8(ctx, src, dst, scratch, specs, details, baseline)
+        return _export_int8(ctx, source, dst, scratch, specs, details, baseline)
     else:
         raise ConversionFailed(
             f"the mnn target has no {precision.value} route", hint="Compile mnn at fp32, fp16 or int8.", tool=TOOL
@@ -307,10 +351,10 @@ def export_mnn(ctx: StepContext) -> Artifact:
 
 def _export_int8(
     ctx: StepContext,
-    src: Path,
+    source: MnnSource,
     dst: Path,
     scratch: Path,
-    specs: dict[str, list[dict[str, Any]]],
+    specs: dict[str, list[dict[str, Any]]] | None,
     details: dict[str, Any],
     baseline: Path | None,
 ) -> Artifact:
@@ -319,11 +363,13 @@ def _export_int8(
     full_failed: str | None = None
     ctx.progress(f"quantising to full int8 with MNN's quantiser on {min(len(feeds), MAX_CALIBRATION_SAMPLES)} samples")
     try:
-        flags, settings = quantize_full_int8(src, dst, feeds, scratch / "full-int8")
+        flags, settings = quantize_full_int8(source, dst, feeds, scratch / "full-int8")
         summary = model_summary(dst, scratch)
         if summary and not summary.get("int8_activation_convs"):
             raise MnnToolError("the quantiser quantised no convolution or matmul")
     except MnnToolError as exc:
+        if exc.forbidden:
+            raise ConversionFailed(str(exc), tool="mnnquant", output_tail=exc.output[-2000:]) from exc
         full_failed = f"{exc}: {_cause(exc.output)}" if exc.output else str(exc)
     else:
         details.update(convert_flags=flags, weights=summary, int8={**settings, "calibration_data": label})
@@ -333,7 +379,7 @@ def _export_int8(
             full_failed = f"full int8 failed parity: {exc.message}"
     ctx.progress("full int8 not possible; falling back to weight-only int8")
     dst.unlink(missing_ok=True)
-    flags, settings = _weight_only_int8(src, dst, scratch)
+    flags, settings = _weight_only_int8(source, dst, scratch)
     summary = model_summary(dst, scratch)
     if summary and not summary["conv_weights"]["int8"]:
         # An int8 artifact with no int8 weight would be an fp32 model under a false label.

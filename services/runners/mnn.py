@@ -110,7 +110,10 @@ class MnnRunner(ModelRunner):
             arr, dtype = arr.astype(np.int32, copy=False), expr.int
         else:
             raise ValueError(f"MNN cannot take {arr.dtype} for input {spec.name}")
-        return expr.const(arr, list(arr.shape), self._formats.get(spec.name, expr.NCHW), dtype)
+        layout = self._formats.get(spec.name, expr.NCHW)
+        if layout == expr.NC4HW4:  # Caffe models take channel-packed tensors: pack a plain NCHW array
+            return expr.convert(expr.const(arr, list(arr.shape), expr.NCHW, dtype), expr.NC4HW4)
+        return expr.const(arr, list(arr.shape), layout, dtype)
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         expr = self._mnn.expr
