@@ -451,3 +451,32 @@ def test_an_op_mnn_lacks_is_conversion_failed_naming_it(tmp_path: Path, store, r
     assert target.status == "failed"
     assert target.error["code"] == "CONVERSION_FAILED"
     assert "IsNaN" in target.error["message"] and "onnxruntime or openvino" in target.error["hint"]
+
+
+def test_a_job_through_the_service_runs_its_export_on_the_mnn_queue(cnn_onnx: Path, tmp_path: Path) -> None:
+    """`kiln serve` (embedded broker, one worker per installed engine): the export step runs on kiln.mnn."""
+    import httpx
+    from jobs_support import Proc, free_port, service_env, submit, wait_http, wait_job, wait_workers
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = Proc(
+        ["serve", "--port", str(port), "--repo", str(tmp_path / "repo")],
+        service_env(cache_dir=tmp_path / "cache"),
+        tmp_path / "serve.log",
+    )
+    try:
+        wait_http(f"{base}/healthz", proc=proc)
+        wait_workers(base, {"onnxruntime", "mnn"}, procs=[proc])
+        spec = {"targets": ["mnn"], "precision": "fp16", "benchmark": {"iterations": 3, "warmup": 1}}
+        job = wait_job(base, submit(base, cnn_onnx, spec).json()["id"])
+        assert job["status"] == "succeeded", job
+        steps = {s["id"]: s for s in job["steps"]}
+        assert steps["export:mnn"]["queue"] == "kiln.mnn" and steps["reference"]["queue"] == "kiln.onnxruntime"
+        target = job["targets"]["mnn"]
+        assert target["parity"]["passed"] is True and target["published"]["version"] == 1
+        tar = httpx.get(f"{base}{target['download_url']}", timeout=30).content
+        assert b"model.mnn" in tar
+    finally:
+        proc.stop()
+    assert (tmp_path / "repo" / "mnn" / "cnn" / "1" / "model.mnn").is_file()
