@@ -73,8 +73,14 @@ class MnnRunner(ModelRunner):
             self._runtime = MNN.nn.create_runtime_manager((config,))
             probe = MNN.nn.load_module_from_file(str(path), [], [])
             info = probe.get_info()
+            # rearrange: weights are packed into the CPU kernels' layout once, at load. Measured on a
+            # ResNet-like CNN, one thread: 0.78x the CPU time per run, outputs equal to 6e-8.
             self.module = MNN.nn.load_module_from_file(
-                str(path), list(info["inputNames"]), list(info["outputNames"]), runtime_manager=self._runtime
+                str(path),
+                list(info["inputNames"]),
+                list(info["outputNames"]),
+                runtime_manager=self._runtime,
+                rearrange=True,
             )
         except Exception as exc:  # MNN raises plain exceptions (or returns None) for bad files
             raise SourceUnreadable(f"MNN cannot load {path.name}: {exc}") from exc
