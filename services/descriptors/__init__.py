@@ -59,6 +59,8 @@ _CORE_FORMATS = (
     "tensorrt_plan",
 )
 _CORE_TARGETS = ("onnxruntime", "openvino", "tflite", "tfserving", "tensorrt")
+#: Engines keep theirs too (queue order): a module named before "onnxruntime" ("mnn") must not lead.
+_CORE_ENGINES = ("onnxruntime", "openvino", "tensorflow", "tensorrt")
 
 Descriptor = EngineDescriptor | FormatDescriptor | TargetDescriptor | ConverterDescriptor
 
@@ -94,7 +96,7 @@ class Registry:
                 tables[kind][d.name] = d
                 origin[(kind, d.name)] = module
         reg = cls(
-            engines=tables["engine"],
+            engines=_ordered(tables["engine"], _CORE_ENGINES),
             formats=_ordered(tables["format"], _CORE_FORMATS),
             targets=_ordered(tables["target"], _CORE_TARGETS),
             converters=tables["converter"],
