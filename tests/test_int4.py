@@ -97,7 +97,7 @@ def test_int4_of_a_model_without_eligible_matmuls_is_refused(target: str, cnn_on
     assert "fp32, fp16 or int8" in t.error["hint"]
 
 
-@pytest.mark.parametrize("target", ["tflite", "tfserving", "tensorrt", "mnn"])
+@pytest.mark.parametrize("target", ["tflite", "tfserving", "tensorrt"])
 def test_targets_without_int4_are_refused_at_planning(target: str) -> None:
     spec = load_spec({"targets": [target], "precision": "int4"})
     source = Format.KERAS if target in ("tflite", "tfserving") else Format.ONNX

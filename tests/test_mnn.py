@@ -329,6 +329,11 @@ def test_routes_and_refusals() -> None:
     assert next(s for s in plan.steps if s.id == "export:mnn").queue == "kiln.mnn"
     with pytest.raises(NoRoute, match="not a source"):
         plan_routes(Format("mnn"), load_spec({"targets": ["mnn"]}))
+    # int4 is onnxruntime's and OpenVINO's weight-only compression: refused at planning, naming both.
+    with pytest.raises(NoRoute, match="to mnn at int4") as exc:
+        plan_routes(Format.ONNX, load_spec({"targets": ["mnn"], "precision": "int4"}))
+    assert "Kiln can build: onnxruntime, openvino." in exc.value.hint
+    assert "mnn from this source is possible at: fp16, fp32, int8" in exc.value.hint
 
 
 # --- Caffe -> MNN natively (for when the converter graph has a Caffe source format) --------------
