@@ -59,6 +59,7 @@ _CORE_FORMATS = (
     "tensorrt_plan",
 )
 _CORE_TARGETS = ("onnxruntime", "openvino", "tflite", "tfserving", "tensorrt")
+#: Engines keep theirs too (queue order): a module named before "onnxruntime" ("mnn") must not lead.
 _CORE_ENGINES = ("onnxruntime", "openvino", "tensorflow", "tensorrt")
 
 Descriptor = EngineDescriptor | FormatDescriptor | TargetDescriptor | ConverterDescriptor
