@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from services.errors import InvalidSpec
+from services.errors import InvalidSpec, UnsafeInput
 from services.formats import Format
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "MAX_INPUT_BYTES",
     "BenchmarkSpec",
     "CompileSpec",
+    "HuggingFaceSpec",
     "InputSpec",
     "Precision",
     "ServingSpec",
@@ -157,6 +158,36 @@ class BenchmarkSpec(_Strict):
     )
 
 
+class HuggingFaceSpec(_Strict):
+    """How a Hugging Face checkpoint directory is compiled."""
+
+    task: (
+        Literal[
+            "feature-extraction", "sequence-classification", "causal-lm", "causal-lm-with-past", "image-classification"
+        ]
+        | None
+    ) = Field(
+        default=None,
+        description="The graph to export; unset: from the config's architectures (a *ForSequenceClassification "
+        "is sequence-classification, *ForCausalLM/*LMHeadModel causal-lm, *ForImageClassification "
+        "image-classification, anything else feature-extraction). causal-lm-with-past adds past key values.",
+    )
+    trust_remote_code: bool = Field(
+        default=False, description="Always refused (UNSAFE_INPUT): Kiln never runs code shipped with a model."
+    )
+
+    @field_validator("trust_remote_code")
+    @classmethod
+    def _no_remote_code(cls, v: bool) -> bool:
+        # Not a ValueError: pydantic lets other exceptions through, so this is UNSAFE_INPUT, not INVALID_SPEC.
+        if v:
+            raise UnsafeInput(
+                "huggingface.trust_remote_code is refused: Kiln never runs code shipped with a model",
+                hint="Use an architecture transformers ships, or export the model yourself (torch.export .pt2, ONNX).",
+            )
+        return v
+
+
 class ValidationSpec(_Strict):
     """How parity inputs are made when no calibration file is given."""
 
@@ -233,6 +264,9 @@ class CompileSpec(_Strict):
     validation: ValidationSpec = Field(default_factory=ValidationSpec)
     source_format: Format | None = Field(default=None, description="Override content-based format detection.")
     signature: str = Field(default="serving_default", description="SavedModel signature to compile.")
+    huggingface: HuggingFaceSpec | None = Field(
+        default=None, description="Hugging Face checkpoint directories only: the task to compile."
+    )
     optimize: bool = Field(default=True, description="Run Kiln's ONNX optimisation passes when routing via ONNX.")
     tensorrt_variant: str = Field(
         default="cu13", pattern=r"^cu[0-9]{2}$", description="TensorRT worker variant (queue kiln.tensorrt-<variant>)."

@@ -14,6 +14,12 @@ from pathlib import Path
 from services.errors import SourceUnreadable, UnsafeInput, UnsupportedFormat
 from services.formats._types import Format
 from services.formats.archives import archive_kind, list_members, safe_extract
+from services.formats.huggingface import (
+    find_checkpoint_root,
+    is_checkpoint_dir,
+    members_look_like_checkpoint,
+    vet_checkpoint,
+)
 
 __all__ = ["DetectedSource", "detect_format", "open_source", "sha256_path"]
 
@@ -64,6 +70,8 @@ def _zip_kind(members: list[str]) -> tuple[Format | None, str]:
     base = {m.rsplit("/", 1)[-1] for m in members}
     if "config.json" in names and ("model.weights.h5" in names or "metadata.json" in names):
         return Format.KERAS, "Keras v3 archive (config.json, model.weights.h5)"
+    if members_look_like_checkpoint(members):
+        return Format.HUGGINGFACE, "archive holding a Hugging Face checkpoint (config.json + weights)"
     # torch.export's .pt2 is a zip holding a serialized ExportedProgram.
     if any(m.endswith(("serialized_exported_program.json", "models/model.json")) for m in members) or any(
         "/models/" in m and m.endswith(".json") for m in members
@@ -125,6 +133,8 @@ def detect_format(path: Path) -> tuple[Format, str]:
             return Format.ONNX, "tar archive holding an ONNX model"
         if any(m.endswith(".xml") for m in members):
             return Format.OPENVINO_IR, "tar archive holding an OpenVINO IR"
+        if members_look_like_checkpoint(members):
+            return Format.HUGGINGFACE, "tar archive holding a Hugging Face checkpoint (config.json + weights)"
         raise UnsupportedFormat(f"{path.name}: tar archive with members {sorted(members)[:6]}")
     if _looks_like_onnx(head):
         return Format.ONNX, "protobuf starting with ir_version (ONNX ModelProto)"
@@ -145,6 +155,8 @@ def _detect_dir(path: Path) -> tuple[Format, str]:
     onnx_files = sorted(path.glob("*.onnx"))
     if len(onnx_files) == 1:
         return Format.ONNX, f"directory with {onnx_files[0].name} (external data alongside)"
+    if is_checkpoint_dir(path):
+        return Format.HUGGINGFACE, "Hugging Face checkpoint directory (config.json + weights)"
     subdirs = [p for p in path.iterdir() if p.is_dir()]
     if len(subdirs) == 1 and not any(p.is_file() for p in path.iterdir()):
         return _detect_dir(subdirs[0])
@@ -171,6 +183,8 @@ def _resolve_loadable(fmt: Format, root: Path) -> Path:
         if not hits:
             raise SourceUnreadable("no .xml in the OpenVINO IR directory")
         return hits[0]
+    if fmt is Format.HUGGINGFACE:
+        return find_checkpoint_root(root)
     return root
 
 
@@ -214,4 +228,6 @@ def open_source(
                 f"OpenVINO IR {loadable.name} has no {bin_path.name} beside it",
                 hint="Upload the .xml and .bin together, in a directory or archive.",
             )
+    if fmt is Format.HUGGINGFACE:
+        vet_checkpoint(loadable)  # pickles, auto_map and escaping paths are refused before any job runs
     return DetectedSource(format=fmt, path=loadable, seen=seen, sha256=digest)

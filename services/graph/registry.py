@@ -119,6 +119,7 @@ _SOURCE_ENGINE: dict[Format, str] = {
     Format.ONNX: "onnxruntime",
     Format.TORCHSCRIPT: "onnxruntime",  # the onnxruntime image carries torch for the importers
     Format.TORCH_EXPORT: "onnxruntime",
+    Format.HUGGINGFACE: "onnxruntime",  # transformers + torch, as for the torch sources
     Format.KERAS: "tensorflow",
     Format.SAVEDMODEL: "tensorflow",
     Format.TFLITE: "tensorflow",
@@ -186,6 +187,15 @@ def _converters() -> Iterable[Converter]:
             2.0,
             "services.converters.torch_to_onnx:exported_program_to_onnx",
             "torch.onnx (dynamo)",
+        ),
+        C(
+            "huggingface-to-onnx",
+            F.HUGGINGFACE,
+            F.ONNX,
+            "onnxruntime",
+            2.0,
+            "services.converters.huggingface_to_onnx:huggingface_to_onnx",
+            "transformers + torch.onnx (dynamo)",
         ),
         # --- native TensorFlow routes (no ONNX round trip) ---
         C(

@@ -49,8 +49,8 @@ class StepOutcome:
 #: Spec fields each kind of step depends on. Conversions ignore precision, tolerances and
 #: benchmark settings, so an fp16 or int8 job reuses the fp32 job's conversions and reference.
 _SPEC_FIELDS: dict[str, set[str] | None] = {
-    "reference": {"inputs", "validation", "calibration", "signature", "source_format"},
-    "convert": {"inputs", "opset", "signature", "source_format", "max_batch_size"},
+    "reference": {"inputs", "validation", "calibration", "signature", "source_format", "huggingface"},
+    "convert": {"inputs", "opset", "signature", "source_format", "max_batch_size", "huggingface"},
     "optimize": {"inputs", "opset", "signature", "source_format", "optimize"},
     "export": None,  # everything but naming: precision, tolerances, benchmark, TensorRT settings...
 }

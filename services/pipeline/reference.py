@@ -28,7 +28,13 @@ __all__ = ["ReferenceData", "load_reference", "run_reference_step", "source_runn
 
 def source_runner(ctx: StepContext) -> ModelRunner:
     """Open the job's source model with its own framework."""
-    return open_runner(ctx.source.format, ctx.source.path, signature=ctx.spec.signature, inputs=ctx.spec.inputs)
+    return open_runner(
+        ctx.source.format,
+        ctx.source.path,
+        signature=ctx.spec.signature,
+        inputs=ctx.spec.inputs,
+        huggingface=ctx.spec.huggingface,
+    )
 
 
 def _pack(samples: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

@@ -65,6 +65,7 @@ _RUNNERS: dict[Format, str] = {
     Format.KERAS: "services.runners.tensorflow:KerasRunner",
     Format.TORCHSCRIPT: "services.runners.torch:TorchScriptRunner",
     Format.TORCH_EXPORT: "services.runners.torch:ExportedProgramRunner",
+    Format.HUGGINGFACE: "services.runners.huggingface:HuggingFaceRunner",
     Format.TENSORRT_PLAN: "services.runners.tensorrt:TensorRTRunner",
 }
 
