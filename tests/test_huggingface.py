@@ -257,6 +257,26 @@ def _bert_at_other_sizes(onnx_file: Path, checkpoint: Path) -> None:
     np.testing.assert_allclose(got, want, atol=1e-5)
 
 
+def test_the_task_is_in_every_steps_cache_key() -> None:
+    """The shared-store case above depends on this: a task is a different reference, conversion and export."""
+    from services.graph.planner import PlanStep
+    from services.pipeline.executor import step_cache_key
+
+    def keys(task: str | None) -> list[str]:
+        spec = _spec(["onnxruntime", "openvino"], options={"huggingface": {"task": task}})
+        steps = [
+            PlanStep("reference", "reference", "onnxruntime", "m:ref", inputs={"model": "source"}),
+            PlanStep("convert:hf", "convert", "onnxruntime", "m:conv", inputs={"model": "source"}),
+            PlanStep("optimize", "optimize", "onnxruntime", "m:opt", inputs={"model": "convert:hf"}),
+            PlanStep("export:ov", "export", "openvino", "m:exp", inputs={"model": "x"}, options={"precision": "fp32"}),
+        ]
+        return [step_cache_key(s, spec, {"model": "k"}) for s in steps]
+
+    plain, with_past = keys("causal-lm"), keys("causal-lm-with-past")
+    assert all(a != b for a, b in zip(plain, with_past, strict=True))
+    assert keys("causal-lm") == plain
+
+
 # --------------------------------------------------------------------------- safety
 
 
