@@ -10,8 +10,19 @@ DESCRIPTORS = (
         description="ONNX Runtime; also runs the PyTorch importers",
         modules=("onnxruntime", "onnx"),
         extra="onnxruntime",
-        packages=("onnx", "onnxruntime", "onnxscript", "onnx-ir", "onnxslim", "torch", "numpy"),
-        # torch carries the TorchScript / torch.export importers (services/descriptors/torch.py).
+        packages=(
+            "onnx",
+            "onnxruntime",
+            "onnxscript",
+            "onnx-ir",
+            "onnxslim",
+            "torch",
+            "transformers",
+            "safetensors",
+            "numpy",
+        ),
+        # torch carries the TorchScript / torch.export importers (services/descriptors/torch.py), and with
+        # transformers and safetensors (the same extra) the Hugging Face source (services/descriptors/huggingface.py).
         image=WorkerImage(extras=("onnxruntime", "torch", "service")),
         preload=("onnxruntime", "services.exporters.onnxruntime", "services.passes.step"),
     ),
