@@ -65,7 +65,7 @@ def _checked_mha_rules() -> Any:
     from onnxscript.rewriter.ort_fusions import mha
 
     class CheckedMultiHeadAttention(mha.MultiHeadAttention):  # type: ignore[misc]
-        def check(self, op: Any, **bindings: Any) -> Any:
+        def check(self, op: Any, **bindings: Any) -> Any:  # type: ignore[override]
             result = super().check(op, **bindings)
             if not result:
                 return result
