@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from api.upload import Upload
+from services import descriptors
 from services.errors import (
     EngineUnavailable,
     InvalidSpec,
@@ -26,10 +27,10 @@ from services.errors import (
 from services.formats import DetectedSource, Format, open_source, safe_extract
 from services.formats.archives import archive_kind
 from services.graph.planner import Plan, plan_routes
-from services.graph.registry import Registry
+from services.graph.registry import Registry, load_entry
 from services.jobs.store import JobStore, NewJob
 from services.pipeline.local import default_model_name
-from services.spec import CompileSpec, TargetName, load_spec
+from services.spec import CompileSpec, load_spec
 from services.storage.base import ArtifactStore
 from workers.queues import enqueue_steps
 
@@ -57,36 +58,13 @@ def _open_vetted(path: Path, work: Path, override: Any, sha256: str) -> Detected
     return source
 
 
-def _tensorrt_preflight(source: DetectedSource, spec: CompileSpec) -> None:
-    """Refuse an ONNX model TensorRT's parser cannot import now (422 UNSUPPORTED_OPS with the ops).
-
-    The export step checks again on the GPU worker (other sources reach ONNX only there);
-    checking here means a job whose model cannot build never waits in the GPU queue, which
-    may have no worker at all. A few milliseconds for real models (docs/benchmarks.md); the
-    weights are not read. The worker builds the *optimised* model, and the optimiser may
-    remove what the check flags (an op on constants folded away, a dead branch), so a model
-    that fails as uploaded is optimised here and checked again before it is refused.
-    """
-    if source.format is not Format.ONNX or TargetName.TENSORRT not in spec.targets:
-        return
-    from services.exporters.tensorrt import variant_major
-    from services.tensorrt.preflight import preflight, raise_if_unsupported
-
-    major = variant_major(spec.tensorrt_variant)
-    report = preflight(source.path, tensorrt_major=major)
-    if report.ok:
-        return
-    if spec.optimize:
-        from services.onnx_io import load_onnx
-        from services.passes.pipeline import optimize_model
-
-        try:
-            optimized, _ = optimize_model(load_onnx(source.path))
-        except Exception:  # the worker's own check decides then
-            log.warning("TensorRT pre-flight: could not optimise the upload to check it again", exc_info=True)
-            return
-        report = preflight(optimized, tensorrt_major=major)
-    raise_if_unsupported(report)
+def _target_preflights(source: DetectedSource, spec: CompileSpec) -> None:
+    """Run each requested target's submission check (its descriptor's ``preflight``), e.g. TensorRT's parser."""
+    targets = descriptors.registry().targets
+    for target in spec.targets:
+        entry = targets[target.value].preflight
+        if entry is not None:
+            load_entry(entry)(source, spec)
 
 
 def _check_spec_inputs(source: DetectedSource, spec: CompileSpec) -> None:
@@ -168,7 +146,7 @@ def prepare_job(
         plan = plan_routes(source.format, spec, registry, default_name=default_model_name(model.path))
         _require_workers(plan, spec, live_engines)
         _check_spec_inputs(source, spec)
-        _tensorrt_preflight(source, spec)
+        _target_preflights(source, spec)
     source_key = f"sources/{model.sha256}"
     store.put_dir(source_key, model.path.parent, move=True)  # the upload's own directory, discarded next
     calibration_key = None

@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cli.tool_output import tool_output_to
+from services.descriptors import registry
 from services.errors import KilnError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -242,9 +243,7 @@ def _print_summary(result: Any) -> None:
 
 @main.command("compile")
 @click.argument("model", type=click.Path(exists=True, path_type=Path))
-@click.option(
-    "--target", "-t", "targets", multiple=True, help="onnxruntime, openvino, tflite, tfserving, tensorrt (repeatable)."
-)
+@click.option("--target", "-t", "targets", multiple=True, help=", ".join(registry().targets) + " (repeatable).")
 @click.option("--precision", "-p", type=click.Choice(["fp32", "fp16", "int8", "int4"]), help="Artifact precision.")
 @click.option(
     "--repo",
@@ -550,8 +549,8 @@ def routes_cmd(as_json: bool) -> None:
     reach.add_column("source")
     reach.add_column("targets")
     for fmt in Format:
-        if fmt is Format.TENSORRT_PLAN:
-            continue
+        if not registry().formats[fmt.value].is_source:
+            continue  # not a source (a TensorRT plan)
         formats = set(reachable_formats(reg, fmt))
         targets = [e.target.value for e in reg.exporters if any(f in formats for f in e.accepts)]
         reach.add_row(fmt.value, ", ".join(targets) or "-")

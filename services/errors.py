@@ -71,13 +71,20 @@ class InvalidSpec(KilnError):
     default_hint = "Check the spec against the JSON Schema printed by `kiln schema`."
 
 
+def _readable_formats_hint() -> str:
+    """Return the hint naming every source format (from the format descriptors)."""
+    from services.descriptors import registry
+
+    labels = [f.label for f in registry().formats.values() if f.is_source]
+    listed = ", ".join(labels[:-1]) + " and " + labels[-1] if len(labels) > 1 else "".join(labels)
+    return f"Kiln reads {listed}; set `source_format` in the spec if detection guessed wrong."
+
+
 class UnsupportedFormat(KilnError):
     code = "UNSUPPORTED_FORMAT"
-    default_hint = (
-        "Kiln reads ONNX, Keras (.keras/.h5), TF SavedModel (dir/.zip/.tar.gz), TFLite, "
-        "TorchScript (.pt), torch.export (.pt2) and OpenVINO IR (.xml+.bin); "
-        "set `source_format` in the spec if detection guessed wrong."
-    )
+
+    def __init__(self, message: str, *, hint: str | None = None, **details: Any) -> None:
+        super().__init__(message, hint=hint if hint is not None else _readable_formats_hint(), **details)
 
 
 class SourceUnreadable(KilnError):

@@ -9,10 +9,20 @@ from __future__ import annotations
 import json
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
+from services.descriptors import option_sections, registry
 from services.errors import InvalidSpec
 from services.formats import Format
 
@@ -35,14 +45,27 @@ __all__ = [
 ]
 
 
-class TargetName(str, Enum):
-    """An engine-native artifact a user can ask for."""
+if TYPE_CHECKING:
+    # The built-in members, spelled out for the type checker; at run time the enum holds every
+    # registered target (services/descriptors), these first, so a new target needs no edit here.
+    class TargetName(str, Enum):
+        """An engine-native artifact a user can ask for."""
 
-    ONNXRUNTIME = "onnxruntime"
-    OPENVINO = "openvino"
-    TFLITE = "tflite"
-    TFSERVING = "tfserving"
-    TENSORRT = "tensorrt"
+        ONNXRUNTIME = "onnxruntime"
+        OPENVINO = "openvino"
+        TFLITE = "tflite"
+        TFSERVING = "tfserving"
+        TENSORRT = "tensorrt"
+
+else:
+    TargetName = Enum(
+        "TargetName",
+        [(name.upper(), name) for name in registry().targets],
+        type=str,
+        module=__name__,
+        qualname="TargetName",
+    )
+    TargetName.__doc__ = "An engine-native artifact a user can ask for."
 
 
 class Precision(str, Enum):
@@ -62,7 +85,6 @@ MAX_DIM = 1 << 20  # one axis of an input: a 1M-token sequence, a 1M-pixel side
 MAX_BATCH = 1 << 16
 MAX_ITERATIONS = 100_000
 MAX_VERSION = (1 << 31) - 1  # Triton, TF Serving and OVMS all read versions as integers; most as int32
-MAX_WORKSPACE_MB = 1 << 20  # 1 TiB: more than any GPU has
 MAX_SEED = (1 << 32) - 1  # numpy's seed range a spec needs; the calibration set uses seed + 1
 #: The most input data one validation set or one benchmark batch may take: refused above this,
 #: before anything is allocated, with the estimate.
@@ -197,8 +219,50 @@ DEFAULT_BENCHMARK_MAX_BATCH = 8
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 
 
+def _engine_options_model() -> type[BaseModel]:
+    """Return the model of the spec's ``options``: one field per engine or source format with an options model."""
+    fields: dict[str, Any] = {}
+    for name, d in option_sections().items():
+        assert d.options is not None
+        fields[name] = (d.options, Field(default_factory=d.options, description=(d.options.__doc__ or "").strip()))
+    return create_model(  # type: ignore[no-any-return,call-overload]
+        "EngineOptions",
+        __base__=_Strict,
+        __doc__="Per-engine settings, each section contributed by its engine.",
+        **fields,
+    )
+
+
+if TYPE_CHECKING:
+    EngineOptions = BaseModel
+else:
+    EngineOptions = _engine_options_model()
+
+_Options = TypeVar("_Options", bound=BaseModel)
+
+
+def _legacy_fields() -> dict[str, tuple[str, str]]:
+    """Return the top-level spec fields from before ``options``: old name -> (engine, options field)."""
+    return {old: (e.name, new) for e in registry().engines.values() for old, new in e.legacy_spec_fields.items()}
+
+
+def _legacy_schema(schema: dict[str, Any]) -> None:
+    """Document the pre-``options`` fields (still accepted) in the JSON Schema, marked deprecated."""
+    engines = registry().engines
+    for old, (engine, new) in _legacy_fields().items():
+        model = engines[engine].options
+        assert model is not None
+        prop = dict(model.model_json_schema()["properties"][new])
+        prop["deprecated"] = True
+        prop["title"] = old.replace("_", " ").title()
+        prop["description"] = f"Deprecated spelling of options.{engine}.{new}. " + prop.get("description", "")
+        schema.setdefault("properties", {})[old] = prop
+
+
 class CompileSpec(_Strict):
     """What to compile: targets, precision, shapes, naming and checks."""
+
+    model_config = ConfigDict(extra="forbid", use_enum_values=False, json_schema_extra=_legacy_schema)
 
     targets: list[TargetName] = Field(min_length=1, description="Engines to build artifacts for.")
     precision: Precision = Field(default=Precision.FP32, description="Numeric precision of the artifacts.")
@@ -234,11 +298,9 @@ class CompileSpec(_Strict):
     source_format: Format | None = Field(default=None, description="Override content-based format detection.")
     signature: str = Field(default="serving_default", description="SavedModel signature to compile.")
     optimize: bool = Field(default=True, description="Run Kiln's ONNX optimisation passes when routing via ONNX.")
-    tensorrt_variant: str = Field(
-        default="cu13", pattern=r"^cu[0-9]{2}$", description="TensorRT worker variant (queue kiln.tensorrt-<variant>)."
-    )
-    tensorrt_workspace_mb: int = Field(
-        default=2048, ge=64, le=MAX_WORKSPACE_MB, description="TensorRT builder workspace limit."
+    options: EngineOptions = Field(
+        default_factory=EngineOptions,
+        description="Per-engine settings: one typed section per engine (or source format) that has any, e.g. options.tensorrt.",
     )
     wait_for_workers: bool = Field(
         default=False,
@@ -249,6 +311,45 @@ class CompileSpec(_Strict):
         ),
     )
     serving: ServingSpec = Field(default_factory=ServingSpec, description="How servers load the repository.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fold_legacy_fields(cls, data: Any) -> Any:
+        # `tensorrt_variant` and friends predate `options`: accepted, moved to options.<engine>.<field>.
+        if not isinstance(data, dict):
+            return data
+        legacy = {k: v for k, v in _legacy_fields().items() if k in data}
+        if not legacy:
+            return data
+        data = dict(data)
+        options = data.get("options")
+        options = dict(options) if isinstance(options, dict) else ({} if options is None else options)
+        if not isinstance(options, dict):
+            return data  # the field's own validation reports it
+        for old, (engine, new) in legacy.items():
+            section = options.get(engine)
+            section = dict(section) if isinstance(section, dict) else ({} if section is None else section)
+            if not isinstance(section, dict):
+                continue
+            if new in section:
+                raise ValueError(f"give options.{engine}.{new} or its deprecated spelling {old}, not both")
+            section[new] = data.pop(old)
+            options[engine] = section
+        data["options"] = options
+        return data
+
+    def engine_options(self, model: type[_Options]) -> _Options:
+        """Return the ``options`` section whose model is ``model`` (e.g. TensorRTOptions)."""
+        for name in type(self.options).model_fields:
+            value = getattr(self.options, name)
+            if isinstance(value, model):
+                return value
+        raise KeyError(f"no engine registers options of type {model.__name__}")
+
+    def options_for(self, name: str) -> BaseModel | None:
+        """Return the options section of engine family or source format ``name``, or None when it has none."""
+        value = getattr(self.options, name, None)
+        return value if isinstance(value, BaseModel) else None
 
     @field_validator("targets")
     @classmethod
@@ -384,8 +485,10 @@ def _memory_problems(spec: CompileSpec) -> list[dict[str, Any]]:
 _UNION_TAGS = {"BenchmarkSpec", "bool"}
 
 
-def _format_errors(exc: ValidationError) -> tuple[str, list[dict[str, Any]]]:
+def _format_errors(exc: ValidationError, data: dict[str, Any] | None = None) -> tuple[str, list[dict[str, Any]]]:
     errors = exc.errors()
+    # A deprecated top-level field is reported under the name the user gave.
+    renamed = {f"options.{engine}.{new}": old for old, (engine, new) in _legacy_fields().items() if old in (data or {})}
     # `benchmark` takes an object or a boolean: an object that fails also "is not a boolean", which says nothing.
     objects = {str(e["loc"][0]) for e in errors if len(e["loc"]) > 2 and e["loc"][1] == "BenchmarkSpec"}
     problems = []
@@ -394,6 +497,7 @@ def _format_errors(exc: ValidationError) -> tuple[str, list[dict[str, Any]]]:
         if len(parts) == 2 and parts[1] == "bool" and parts[0] in objects:
             continue
         loc = ".".join(p for p in parts if p not in _UNION_TAGS) or "(spec)"
+        loc = renamed.get(loc, loc)
         problems.append({"field": loc, "problem": err["msg"]})
     text = "; ".join(f"{p['field']}: {p['problem']}" for p in problems)
     return text, problems
@@ -417,7 +521,7 @@ def load_spec(data: dict[str, Any] | str | Path) -> CompileSpec:
     try:
         spec = CompileSpec.model_validate(data)
     except ValidationError as exc:
-        text, problems = _format_errors(exc)
+        text, problems = _format_errors(exc, data)
         hint = None
         if any(p["field"].startswith("targets") for p in problems):
             hint = "Valid targets: " + ", ".join(t.value for t in TargetName) + "."

@@ -7,22 +7,18 @@ from functools import cache
 from importlib import metadata
 
 import services
+from services.descriptors import engine_family, registry
 
 __all__ = ["ENGINE_PACKAGES", "tool_versions"]
 
-#: Distributions whose version changes what an engine's steps produce.
-ENGINE_PACKAGES: dict[str, tuple[str, ...]] = {
-    "onnxruntime": ("onnx", "onnxruntime", "onnxscript", "onnx-ir", "onnxslim", "torch", "numpy"),
-    "openvino": ("onnx", "openvino", "nncf", "numpy"),
-    "tensorflow": ("tensorflow", "keras", "tf2onnx", "onnx2tf", "ai-edge-litert", "onnx", "numpy"),
-    "tensorrt": ("tensorrt", "cuda-python", "onnxruntime", "onnx", "numpy"),
-}
+#: Distributions whose version changes what an engine's steps produce (from the engine descriptors).
+ENGINE_PACKAGES: dict[str, tuple[str, ...]] = {e.name: e.packages for e in registry().engines.values()}
 
 
 @cache
 def tool_versions(engine: str) -> dict[str, str]:
     """Return installed versions of the engine's tools (absent ones omitted), plus Kiln's and Python's."""
-    family = "tensorrt" if engine.startswith("tensorrt") else engine
+    family = engine_family(engine)
     out = {"kiln": services.__version__, "python": platform.python_version()}
     for dist in ENGINE_PACKAGES.get(family, ()):
         try:

@@ -19,7 +19,6 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import helm_process
@@ -60,15 +59,17 @@ def _compose_bin() -> str:
 
 def _engines_the_planner_needs() -> set[str]:
     """Return every concrete engine some registered converter or exporter can be routed to."""
-    from services.graph.engines import TENSORRT_VARIANTS
+    from services.descriptors import registry
     from services.graph.planner import resolve_engine
     from services.graph.registry import default_registry
+    from services.spec import CompileSpec
 
     needed = set()
     for family in default_registry().engines():
-        # resolve_engine reads only the spec's TensorRT variant; try every variant there is.
-        for variant in TENSORRT_VARIANTS:
-            needed.add(resolve_engine(family, SimpleNamespace(tensorrt_variant=variant)))  # type: ignore[arg-type]
+        # A family with variants resolves to the one the spec's options pick: try every variant there is.
+        for variant in registry().engines[family].variants or [None]:
+            options = {family: {"variant": variant}} if variant else {}
+            needed.add(resolve_engine(family, CompileSpec(targets=["onnxruntime"], options=options)))
     return needed
 
 
@@ -106,43 +107,60 @@ def compose_all(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return _compose_config(tmp_path_factory.mktemp("compose"), "compose.yaml", profiles=("gpu",))
 
 
+def _cpu_engines() -> set[str]:
+    """Return the concrete engines whose workers need no GPU (on by default in compose and the chart)."""
+    from services.descriptors import concrete_engines
+
+    return {name for name, e in concrete_engines().items() if not e.image.gpus}
+
+
+def _missing_engines_hint(missing: set[str]) -> str:
+    from services.deploy_snippets import snippets
+    from services.descriptors import engine_family
+
+    return "add, then size resources:\n" + "\n".join(snippets(f) for f in sorted({engine_family(n) for n in missing}))
+
+
 def test_compose_default_profile_is_the_cpu_stack(tmp_path: Path) -> None:
     services = set(_compose_config(tmp_path, "compose.yaml")["services"])
-    assert services == {
-        "redis",
-        "postgres",
-        "minio",
-        "s3-init",
-        "migrate",
-        "api",
-        "worker-onnxruntime",
-        "worker-openvino",
-        "worker-tensorflow",
-    }
+    workers = {f"worker-{e}" for e in _cpu_engines()}
+    assert services == {"redis", "postgres", "minio", "s3-init", "migrate", "api", *workers}, _missing_engines_hint(
+        {s.removeprefix("worker-") for s in workers - services}
+    )
+    assert {"worker-onnxruntime", "worker-openvino", "worker-tensorflow"} <= services
 
 
 def test_compose_workers_are_exactly_the_engines(compose_all: dict[str, Any]) -> None:
+    from services.deploy_snippets import compose_worker
+    from services.descriptors import concrete_engines
     from services.graph.engines import ENGINES
 
     workers = {
         name.removeprefix("worker-"): svc for name, svc in compose_all["services"].items() if name.startswith("worker-")
     }
+    assert set(workers) >= set(ENGINES), _missing_engines_hint(set(ENGINES) - set(workers))
     assert set(workers) == set(ENGINES) == _engines_the_planner_needs()
     for name, svc in workers.items():
+        engine = concrete_engines()[name]
+        expected = compose_worker(name)  # what the engine's descriptor says
         args = svc["build"]["args"]
-        if name.startswith("tensorrt-"):
-            assert svc["build"]["dockerfile"] == "docker/tensorrt.Dockerfile"
-            assert f"tensorrt-{args['CUDA_VARIANT']}" == name
-            assert args["BASE_IMAGE"].startswith("nvcr.io/nvidia/tensorrt:")
-            assert "gpu" in svc["profiles"]
+        assert svc["build"]["dockerfile"] == expected["build"]["dockerfile"], name
+        assert svc["build"].get("target") == expected["build"].get("target"), name
+        if engine.variants:
+            assert f"{engine.name}-{args['CUDA_VARIANT']}" == name
+        else:
+            assert args["ENGINE"] == name
+        if engine.image.gpus:
+            assert set(expected["profiles"]) <= set(svc["profiles"]), name
             (device,) = svc["deploy"]["resources"]["reservations"]["devices"]
             assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
         else:
-            assert (svc["build"]["dockerfile"], svc["build"]["target"]) == ("docker/Dockerfile", "worker")
-            assert args["ENGINE"] == name
-            # The image installs the engine's own extra from the lock, and the service extra.
-            assert {ENGINES[name].extra, "service"} <= set(args["EXTRAS"].split(","))
+            # The image installs the extras its descriptor names (the engine's own and `service`) from the lock.
+            assert set(args["EXTRAS"].split(",")) == set(engine.image.extras), name
+            assert {engine.extra, "service"} <= set(engine.image.extras), name
             assert "profiles" not in svc
+        if name.startswith("tensorrt-"):
+            assert args["BASE_IMAGE"].startswith("nvcr.io/nvidia/tensorrt:")
         assert svc["image"].endswith(f"/worker-{name}:latest")
         assert svc["healthcheck"]["test"] == ["CMD", "kiln-worker-healthcheck"]
 
@@ -298,14 +316,8 @@ def test_rendered_manifests_validate_strictly(rendered: dict[str, list[dict[str,
 def test_default_render_has_a_worker_per_cpu_engine(rendered: dict[str, list[dict[str, Any]]]) -> None:
     docs = rendered["defaults"]
     deployments = _by_kind(docs, "Deployment")
-    assert set(deployments) == {
-        "kiln-api",
-        "kiln-redis",
-        "kiln-worker-onnxruntime",
-        "kiln-worker-openvino",
-        "kiln-worker-tensorflow",
-    }
-    for engine in ("onnxruntime", "openvino", "tensorflow"):
+    assert set(deployments) == {"kiln-api", "kiln-redis", *(f"kiln-worker-{e}" for e in _cpu_engines())}
+    for engine in _cpu_engines():
         (container,) = deployments[f"kiln-worker-{engine}"]["spec"]["template"]["spec"]["containers"]
         assert container["command"] == ["kiln", "worker", "--engine", engine, "--concurrency", "1"]
         assert container["image"] == f"kiln/worker-{engine}:0.1.0"
@@ -391,12 +403,7 @@ def test_full_render_gpu_workers_keda_and_ingress(rendered: dict[str, list[dict[
 def test_external_render_bundles_nothing(rendered: dict[str, list[dict[str, Any]]]) -> None:
     docs = rendered["external-values"]
     assert not _by_kind(docs, "StatefulSet")
-    assert set(_by_kind(docs, "Deployment")) == {
-        "kiln-api",
-        "kiln-worker-onnxruntime",
-        "kiln-worker-openvino",
-        "kiln-worker-tensorflow",
-    }
+    assert set(_by_kind(docs, "Deployment")) == {"kiln-api", *(f"kiln-worker-{e}" for e in _cpu_engines())}
     secret = _by_kind(docs, "Secret")["kiln"]["stringData"]
     assert secret["KILN_DATABASE_URL"] == "postgresql+psycopg://kiln:pw@db.internal:5432/kiln"
     assert secret["KILN_BROKER_URL"] == "redis://:pw@redis.internal:6379/2"
@@ -414,15 +421,20 @@ def test_external_render_bundles_nothing(rendered: dict[str, list[dict[str, Any]
 
 
 def test_chart_workers_are_exactly_the_engines() -> None:
+    from services.deploy_snippets import helm_worker
     from services.graph.engines import ENGINES
 
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     schema = json.loads((CHART / "values.schema.json").read_text())
+    assert set(values["workers"]) >= set(ENGINES), _missing_engines_hint(set(ENGINES) - set(values["workers"]))
     assert set(values["workers"]) == set(ENGINES) == _engines_the_planner_needs()
     assert set(schema["properties"]["workers"]["propertyNames"]["enum"]) == set(ENGINES)
     for name, worker in values["workers"].items():
-        assert worker["enabled"] is (not name.startswith("tensorrt-")), name
-        assert worker["gpus"] == (1 if name.startswith("tensorrt-") else 0), name
+        expected = helm_worker(name)  # from the engine's descriptor: GPU engines are off by default
+        assert (worker["enabled"], worker["gpus"]) == (expected["enabled"], expected["gpus"]), name
+        assert worker["nodeSelector"] == expected["nodeSelector"], name
+        assert worker["tolerations"] == expected["tolerations"], name
+    assert values["workers"]["tensorrt-cu13"]["enabled"] is False and values["workers"]["onnxruntime"]["gpus"] == 0
 
 
 @pytest.mark.parametrize(

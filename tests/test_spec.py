@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from services.descriptors import registry
 from services.errors import InvalidSpec
 from services.spec import CompileSpec, Precision, load_spec, spec_json_schema
 
@@ -70,9 +71,14 @@ def test_not_json() -> None:
 def test_schema_is_generated_from_the_model() -> None:
     schema = spec_json_schema()
     assert schema["required"] == ["targets"]
-    assert set(schema["properties"]) == set(CompileSpec.model_fields)
+    deprecated = {k for k, v in schema["properties"].items() if v.get("deprecated")}
+    assert set(schema["properties"]) - deprecated == set(CompileSpec.model_fields)
+    # The TensorRT fields from before `options`: still accepted and documented, as deprecated spellings.
+    assert deprecated == {"tensorrt_variant", "tensorrt_workspace_mb"}
+    assert schema["properties"]["tensorrt_workspace_mb"]["maximum"] == 1 << 20
     targets = schema["$defs"]["TargetName"]["enum"]
-    assert targets == ["onnxruntime", "openvino", "tflite", "tfserving", "tensorrt"]
+    assert targets[:5] == ["onnxruntime", "openvino", "tflite", "tfserving", "tensorrt"]
+    assert targets == list(registry().targets)  # built-ins first, then every registered target
     assert schema["additionalProperties"] is False
 
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from services.descriptors import concrete_engines
 from services.errors import Cancelled, ConversionFailed, KilnError, StorageFull, Timeout
 from services.outages import storage_full
 from services.settings import Settings
@@ -75,11 +76,9 @@ _BASE_PRELOAD = (
 _WARM = "workers._forkserver_warm"
 #: Preloaded only when a location is on S3: boto3 in the forkserver makes every fork ~80 ms slower.
 _S3_PRELOAD = ("services.storage.s3", "services.repository.s3")
-#: Engine libraries known to be safe to fork after import (they start no threads that matter).
-_ENGINE_PRELOAD = {
-    "onnxruntime": ("onnxruntime", "services.exporters.onnxruntime", "services.passes.step"),
-    "openvino": ("openvino", "onnxruntime", "services.exporters.openvino", "services.converters.openvino_ir"),
-}
+#: Engine libraries known to be safe to fork after import (they start no threads that matter):
+#: each engine descriptor's ``preload``.
+_ENGINE_PRELOAD = {name: e.preload for name, e in concrete_engines().items() if e.preload}
 
 LOG_TAIL_CHARS = 4000
 STORED_LOG_CHARS = 64_000

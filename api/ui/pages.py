@@ -16,6 +16,7 @@ from api.ui.charts import benchmark_chart
 from api.ui.session import error_page, render, render_page, viewer
 from api.ui.views import job_grid, output_headroom, waiting_reason
 from api.views import job_public
+from services.descriptors import registry
 from services.errors import NotFound
 from services.graph.engines import ENGINES
 from services.jobs.store import JobFilter
@@ -212,13 +213,21 @@ def _spec_fields() -> dict[str, Any]:
             return [resolve(v) for v in node]
         return node
 
-    props = resolve(schema["properties"])
+    # Deprecated spellings (tensorrt_variant: now options.tensorrt.variant) are accepted, not offered.
+    props = {k: v for k, v in resolve(schema["properties"]).items() if not v.get("deprecated")}
     for prop in props.values():
         # `X | None` is an anyOf with null: the form shows X, empty meaning unset.
         options = [o for o in prop.get("anyOf", []) if o.get("type") != "null"]
         if options:
             prop.update({k: v for k, v in options[0].items() if k not in prop})
     return {"properties": props, "required": schema.get("required", [])}
+
+
+def _source_formats() -> dict[str, Any]:
+    """Return what the upload field says it takes, and file endings -> format for the plan preview."""
+    sources = [f for f in registry().formats.values() if f.is_source]
+    endings = sorted(((e, f.name) for f in sources for e in f.extensions), key=lambda p: -len(p[0]))
+    return {"source_labels": [f.label for f in sources], "extensions": endings}
 
 
 @router.get("/submit")
@@ -228,7 +237,7 @@ async def submit_page(request: Request) -> Response:
         return who
     if not who.allows("write"):
         return error_page(request, who, NotFound("submitting needs a token with the write scope"))
-    return render(request, "submit.html", who, nav="submit", schema=_spec_fields())
+    return render(request, "submit.html", who, nav="submit", schema=_spec_fields(), **_source_formats())
 
 
 @router.get("")

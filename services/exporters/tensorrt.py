@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from services.artifacts import Artifact
+from services.descriptors.tensorrt import TensorRTOptions
 from services.errors import EngineUnavailable
 from services.exporters._common import calibration_feeds, calibration_warnings, finish_export
 from services.formats import Format
@@ -106,7 +107,8 @@ def export_tensorrt(ctx: StepContext) -> Artifact:
     """Build model.plan at the job's precision, validated and benchmarked on the GPU."""
     precision = Precision(ctx.step.options.get("precision", ctx.spec.precision.value))
     src = ctx.model.path
-    variant = ctx.spec.tensorrt_variant
+    options = ctx.spec.engine_options(TensorRTOptions)
+    variant = options.variant
     major = _installed_major() or variant_major(variant)
     ctx.progress(f"pre-flight: checking the model against TensorRT {major}.x's ONNX parser")
     report = require_tensorrt_support(src, tensorrt_major=major)
@@ -124,7 +126,7 @@ def export_tensorrt(ctx: StepContext) -> Artifact:
         BuildOptions(
             precision=precision,
             profiles=(profile,),
-            workspace_mb=ctx.spec.tensorrt_workspace_mb,
+            workspace_mb=options.workspace_mb,
             cache_dir=get_settings().cache_dir,
         ),
         trt=trt,

@@ -7,10 +7,13 @@ error messages. A spec may override detection with ``source_format``.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from services.descriptors import registry
 from services.errors import SourceUnreadable, UnsafeInput, UnsupportedFormat
 from services.formats._types import Format
 from services.formats.archives import archive_kind, list_members, safe_extract
@@ -79,6 +82,22 @@ def _zip_kind(members: list[str]) -> tuple[Format | None, str]:
     return None, f"zip archive with members {sorted(members)[:6]}"
 
 
+def _descriptor_sniff(hook: str, subject: Path | list[str]) -> tuple[Format, str] | None:
+    """Return the first registered format whose ``hook`` sniffer recognises ``subject``."""
+    for f in registry().formats.values():
+        entry = getattr(f, hook)
+        if entry is not None:
+            seen = _load(entry)(subject)
+            if seen:
+                return Format(f.name), str(seen)
+    return None
+
+
+def _load(entry: str) -> Any:
+    module, _, func = entry.partition(":")
+    return getattr(importlib.import_module(module), func)
+
+
 def detect_format(path: Path) -> tuple[Format, str]:
     """Return the format of ``path`` and a description of what was seen.
 
@@ -115,6 +134,9 @@ def detect_format(path: Path) -> tuple[Format, str]:
                 hint="Export TorchScript (torch.jit.script/trace(...).save) or torch.export (torch.export.save) instead.",
             )
         if fmt is None:
+            found = _descriptor_sniff("detect_archive", list_members(path))
+            if found is not None:
+                return found
             raise UnsupportedFormat(f"{path.name}: {seen}")
         return fmt, seen
     if kind == "tar":
@@ -125,11 +147,17 @@ def detect_format(path: Path) -> tuple[Format, str]:
             return Format.ONNX, "tar archive holding an ONNX model"
         if any(m.endswith(".xml") for m in members):
             return Format.OPENVINO_IR, "tar archive holding an OpenVINO IR"
+        found = _descriptor_sniff("detect_archive", members)
+        if found is not None:
+            return found
         raise UnsupportedFormat(f"{path.name}: tar archive with members {sorted(members)[:6]}")
     if _looks_like_onnx(head):
         return Format.ONNX, "protobuf starting with ir_version (ONNX ModelProto)"
     if path.suffix in (".plan", ".engine"):
         return Format.TENSORRT_PLAN, "TensorRT plan (by name; plans carry no public magic)"
+    found = _descriptor_sniff("detect", path)
+    if found is not None:
+        return found
     raise UnsupportedFormat(
         f"{path.name}: unrecognised content (first bytes {head[:8].hex()}, {size} bytes)",
         seen=head[:16].hex(),
@@ -148,6 +176,9 @@ def _detect_dir(path: Path) -> tuple[Format, str]:
     subdirs = [p for p in path.iterdir() if p.is_dir()]
     if len(subdirs) == 1 and not any(p.is_file() for p in path.iterdir()):
         return _detect_dir(subdirs[0])
+    found = _descriptor_sniff("detect", path)
+    if found is not None:
+        return found
     listing = sorted(p.name for p in path.iterdir())[:8]
     raise UnsupportedFormat(f"directory {path.name} holds no model Kiln recognises: {listing}")
 
@@ -171,7 +202,8 @@ def _resolve_loadable(fmt: Format, root: Path) -> Path:
         if not hits:
             raise SourceUnreadable("no .xml in the OpenVINO IR directory")
         return hits[0]
-    return root
+    entry = registry().formats[fmt.value].loadable
+    return Path(_load(entry)(root)) if entry is not None else root
 
 
 def open_source(
@@ -199,7 +231,7 @@ def open_source(
     loadable = path
     kind = archive_kind(path) if path.is_file() else None
     # Keras v3, TorchScript and torch.export files are zips read whole by their own loaders.
-    if kind and fmt not in (Format.KERAS, Format.TORCHSCRIPT, Format.TORCH_EXPORT):
+    if kind and not registry().formats[fmt.value].archive_is_the_model:
         dest = work_dir / "source"
         if dest.exists():
             shutil.rmtree(dest)

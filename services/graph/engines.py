@@ -1,5 +1,8 @@
 """Engines: the runtimes Kiln drives, each carried by one worker image and one queue.
 
+Derived from the engine descriptors (services/descriptors): an engine with variants gives one
+concrete engine per variant (``tensorrt-cu12``, ``tensorrt-cu13``).
+
 Queue names come from here and nowhere else (``kiln.<engine>``).
 """
 
@@ -7,6 +10,9 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
+
+from services.descriptors import registry
+from services.descriptors.tensorrt import VARIANTS
 
 __all__ = ["ENGINES", "Engine", "engine", "installed_engines", "queue_name", "tensorrt_engine"]
 
@@ -34,18 +40,21 @@ def queue_name(engine_name: str) -> str:
     return f"kiln.{engine_name}"
 
 
-#: TensorRT ships per CUDA major version; each variant has its own image and queue.
-TENSORRT_VARIANTS: dict[str, str] = {"cu12": "TensorRT 10.x on CUDA 12", "cu13": "TensorRT 11.x on CUDA 13"}
+#: TensorRT ships per CUDA major version; each variant has its own image and queue (its descriptor's variants).
+TENSORRT_VARIANTS: dict[str, str] = dict(VARIANTS)
 
-ENGINES: dict[str, Engine] = {
-    e.name: e
-    for e in (
-        Engine("onnxruntime", ("onnxruntime", "onnx"), "onnxruntime", "ONNX Runtime; also runs the PyTorch importers"),
-        Engine("openvino", ("openvino",), "openvino", "OpenVINO runtime, model conversion and NNCF"),
-        Engine("tensorflow", ("tensorflow",), "tensorflow", "TensorFlow, Keras, TFLite and TF Serving exports"),
-        *(Engine(f"tensorrt-{v}", ("tensorrt",), "tensorrt", desc) for v, desc in TENSORRT_VARIANTS.items()),
-    )
-}
+
+def _engines() -> dict[str, Engine]:
+    out = {}
+    for e in registry().engines.values():
+        for name, variant in zip(e.concrete(), e.variants or [None], strict=True):
+            described = f"{e.variants[variant]}" if variant else e.description
+            out[name] = Engine(name, e.modules, e.extra, described)
+    return out
+
+
+#: Every concrete engine (one worker image and queue each), derived from services/descriptors.
+ENGINES: dict[str, Engine] = _engines()
 
 
 def engine(name: str) -> Engine:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from services import descriptors
 from services.errors import NoRoute
 from services.formats import Format
 from services.graph.engines import queue_name
@@ -51,10 +52,13 @@ MAX_FALLBACKS = 2
 
 
 def resolve_engine(family: str, spec: CompileSpec | None) -> str:
-    """Return the concrete engine for a family ("tensorrt" → "tensorrt-cu13")."""
-    if family == "tensorrt":
-        return f"tensorrt-{spec.tensorrt_variant if spec else 'cu13'}"
-    return family
+    """Return the concrete engine for a family: itself, or the variant the spec's options pick ("tensorrt-cu13")."""
+    desc = descriptors.registry().engines.get(family)
+    if desc is None or not desc.variants:
+        return family
+    options = spec.options_for(family) if spec is not None else None
+    variant = getattr(options, "variant", None) or desc.default_variant
+    return f"{family}-{variant}"
 
 
 @dataclass(frozen=True)
@@ -339,12 +343,9 @@ def plan_routes(
     """
     reg = registry or default_registry()
     base_name = spec.name or default_name
-    if source is Format.TENSORRT_PLAN:
-        raise NoRoute(
-            "a TensorRT plan is an engine-specific binary and cannot be converted",
-            hint="Submit the ONNX (or framework) model the plan was built from.",
-            source_format=source.value,
-        )
+    refusal = descriptors.registry().formats[source.value].not_a_source
+    if refusal is not None:
+        raise NoRoute(refusal[0], hint=refusal[1], source_format=source.value)
     chosen = _choose_routes(reg, source, spec, fallbacks)
     steps: dict[str, PlanStep] = {}
     order: list[str] = []

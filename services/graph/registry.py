@@ -1,4 +1,6 @@
-"""The converter graph: every edge format → format, and every target's exporter, in one place.
+"""The converter graph: every edge format → format, and every target's exporter.
+
+Built from the descriptors (services/descriptors), the one place edges and targets are declared.
 
 Edges and exporters name their implementation as ``"module:function"`` and are imported
 only when a step runs, so the planner (and the API, which never imports engine SDKs) can
@@ -12,6 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from services import descriptors
 from services.formats import Format
 from services.spec import Precision, TargetName
 
@@ -28,9 +31,6 @@ __all__ = [
 ]
 
 ALL_PRECISIONS = frozenset(Precision)
-#: int4 is weight-only MatMul compression, built only by onnxruntime (MatMulNBits) and
-#: OpenVINO (NNCF); the other targets have no int4 kernels to serve it with.
-WITHOUT_INT4 = ALL_PRECISIONS - {Precision.INT4}
 
 
 @dataclass(frozen=True)
@@ -114,22 +114,12 @@ def load_entry(entry: str) -> Callable[..., Any]:
     return getattr(importlib.import_module(module), func)  # type: ignore[no-any-return]
 
 
-#: Which engine reads a source format natively (computes reference outputs, inspects it).
-_SOURCE_ENGINE: dict[Format, str] = {
-    Format.ONNX: "onnxruntime",
-    Format.TORCHSCRIPT: "onnxruntime",  # the onnxruntime image carries torch for the importers
-    Format.TORCH_EXPORT: "onnxruntime",
-    Format.KERAS: "tensorflow",
-    Format.SAVEDMODEL: "tensorflow",
-    Format.TFLITE: "tensorflow",
-    Format.OPENVINO_IR: "openvino",
-    Format.TENSORRT_PLAN: "tensorrt",
-}
-
-
 def source_engine(fmt: Format) -> str:
-    """Return the engine family whose worker reads ``fmt`` as a source."""
-    return _SOURCE_ENGINE[fmt]
+    """Return the engine family whose worker reads ``fmt`` (its format descriptor's)."""
+    engine = descriptors.registry().formats[fmt.value].source_engine
+    if engine is None:
+        raise KeyError(f"no engine reads {fmt.value}")
+    return engine
 
 
 REFERENCE_ENTRY = "services.pipeline.reference:run_reference_step"
@@ -138,151 +128,20 @@ PUBLISH_ENTRY = "services.repository.step:run_publish_step"
 
 
 def _converters() -> Iterable[Converter]:
-    C = Converter
-    F = Format
-    return (
-        # --- to ONNX, the canonical graph ---
-        C(
-            "keras-to-onnx",
-            F.KERAS,
-            F.ONNX,
-            "tensorflow",
-            3.0,
-            "services.converters.tensorflow_to_onnx:keras_to_onnx",
-            "tf2onnx",
-        ),
-        C(
-            "savedmodel-to-onnx",
-            F.SAVEDMODEL,
-            F.ONNX,
-            "tensorflow",
-            3.0,
-            "services.converters.tensorflow_to_onnx:savedmodel_to_onnx",
-            "tf2onnx",
-        ),
-        C(
-            "tflite-to-onnx",
-            F.TFLITE,
-            F.ONNX,
-            "tensorflow",
-            3.0,
-            "services.converters.tensorflow_to_onnx:tflite_to_onnx",
-            "tf2onnx",
-        ),
-        C(
-            "torchscript-to-onnx",
-            F.TORCHSCRIPT,
-            F.ONNX,
-            "onnxruntime",
-            3.0,
-            "services.converters.torch_to_onnx:torchscript_to_onnx",
-            "torch.onnx",
-        ),
-        C(
-            "torch-export-to-onnx",
-            F.TORCH_EXPORT,
-            F.ONNX,
-            "onnxruntime",
-            2.0,
-            "services.converters.torch_to_onnx:exported_program_to_onnx",
-            "torch.onnx (dynamo)",
-        ),
-        # --- native TensorFlow routes (no ONNX round trip) ---
-        C(
-            "keras-to-savedmodel",
-            F.KERAS,
-            F.SAVEDMODEL,
-            "tensorflow",
-            1.0,
-            "services.converters.tensorflow_native:keras_to_savedmodel",
-            "tf.saved_model",
-        ),
-        C(
-            "onnx-to-savedmodel",
-            F.ONNX,
-            F.SAVEDMODEL,
-            "tensorflow",
-            4.0,
-            "services.converters.onnx_to_tensorflow:onnx_to_savedmodel",
-            "onnx2tf",
-        ),
-        # --- OpenVINO IR ---
-        C(
-            "onnx-to-openvino-ir",
-            F.ONNX,
-            F.OPENVINO_IR,
-            "openvino",
-            1.0,
-            "services.converters.openvino_ir:onnx_to_ir",
-            "openvino.convert_model",
-        ),
-        C(
-            "savedmodel-to-openvino-ir",
-            F.SAVEDMODEL,
-            F.OPENVINO_IR,
-            "openvino",
-            1.5,
-            "services.converters.openvino_ir:savedmodel_to_ir",
-            "openvino.convert_model",
-        ),
-        C(
-            "tflite-to-openvino-ir",
-            F.TFLITE,
-            F.OPENVINO_IR,
-            "openvino",
-            1.5,
-            "services.converters.openvino_ir:tflite_to_ir",
-            "openvino.convert_model",
-        ),
-    )
+    for c in descriptors.registry().converters.values():
+        yield Converter(c.name, Format(c.source), Format(c.target), c.engine, c.cost, c.entry, c.tool)
 
 
 def _exporters() -> Iterable[Exporter]:
-    F = Format
-    P = Precision
-    return (
-        Exporter(
-            TargetName.ONNXRUNTIME,
-            "onnxruntime",
-            {F.ONNX: 1.0},
-            "services.exporters.onnxruntime:export_onnxruntime",
-            artifact_format=F.ONNX,
-        ),
-        Exporter(
-            TargetName.OPENVINO,
-            "openvino",
-            {F.OPENVINO_IR: 1.0},
-            "services.exporters.openvino:export_openvino",
-            artifact_format=F.OPENVINO_IR,
-        ),
-        Exporter(
-            TargetName.TFLITE,
-            "tensorflow",
-            # Keras arrives as keras-to-savedmodel's output: TF's converter exports Keras 3 models to a
-            # SavedModel internally anyway, and as a step it is cached and shared with tfserving/openvino.
-            {F.SAVEDMODEL: 1.5, F.TFLITE: 0.5},
-            "services.exporters.tflite:export_tflite",
-            precisions={F.SAVEDMODEL: WITHOUT_INT4, F.TFLITE: frozenset({P.FP32})},
-            artifact_format=F.TFLITE,
-        ),
-        Exporter(
-            TargetName.TFSERVING,
-            "tensorflow",
-            {F.SAVEDMODEL: 1.0},
-            "services.exporters.tfserving:export_tfserving",
-            # fp16/int8: weights stored at that precision, fp32 compute (see services/exporters/tfserving.py)
-            precisions={F.SAVEDMODEL: WITHOUT_INT4},
-            artifact_format=F.SAVEDMODEL,
-        ),
-        Exporter(
-            TargetName.TENSORRT,
-            "tensorrt",
-            {F.ONNX: 2.0},
-            "services.exporters.tensorrt:export_tensorrt",
-            precisions={F.ONNX: WITHOUT_INT4},
-            artifact_format=F.TENSORRT_PLAN,
-        ),
-    )
+    for t in descriptors.registry().targets.values():
+        yield Exporter(
+            TargetName(t.name),
+            t.engine,
+            {Format(f): cost for f, cost in t.accepts.items()},
+            t.entry,
+            precisions={Format(f): frozenset(Precision(p) for p in ps) for f, ps in t.precisions.items()},
+            artifact_format=Format(t.artifact_format),
+        )
 
 
 _DEFAULT: Registry | None = None

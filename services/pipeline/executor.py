@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from services.artifacts import Artifact
+from services.descriptors import FormatDescriptor, engine_family, option_sections
 from services.errors import ConversionFailed, EngineUnavailable, KilnError, SourceUnreadable, StorageFull
 from services.formats import DetectedSource
 from services.graph.planner import PlanStep
@@ -53,17 +54,32 @@ _SPEC_FIELDS: dict[str, set[str] | None] = {
     "reference": {"inputs", "validation", "calibration", "signature", "source_format"},
     "convert": {"inputs", "opset", "signature", "source_format", "max_batch_size"},
     "optimize": {"inputs", "opset", "signature", "source_format", "optimize"},
-    "export": None,  # everything but naming: precision, tolerances, benchmark, TensorRT settings...
+    "export": None,  # everything but naming: precision, tolerances, benchmark (and the engine's options)
 }
 
 
-def _spec_fingerprint(spec: CompileSpec, kind: str, calibration_sha: str | None) -> dict[str, Any]:
+def _spec_fingerprint(
+    spec: CompileSpec, kind: str, calibration_sha: str | None, engine: str | None = None
+) -> dict[str, Any]:
     # Naming and scheduling do not change what a step produces.
-    body = spec.model_dump(mode="json", exclude={"name", "version", "targets", "wait_for_workers"})
+    body = spec.model_dump(mode="json", exclude={"name", "version", "targets", "wait_for_workers", "options"})
     body["calibration"] = calibration_sha
     fields = _SPEC_FIELDS.get(kind)
     if fields is not None:
         body = {k: v for k, v in body.items() if k in fields}
+    # An engine's own options (options.<engine>) reach only the steps its worker runs: setting
+    # options.tensorrt rebuilds no onnxruntime artifact. A source format's options (how to read
+    # the source) reach every step.
+    options = {}
+    family = engine_family(engine) if engine else None
+    for name, d in option_sections().items():
+        section = spec.options_for(name)
+        if section is None:
+            continue
+        if isinstance(d, FormatDescriptor) or (name == family and kind in ("convert", "export")):
+            options[name] = section.model_dump(mode="json")
+    if options:
+        body["options"] = options
     return body
 
 
@@ -76,7 +92,7 @@ def step_cache_key(
         "kind": step.kind,
         "options": step.options,
         "inputs": dict(sorted(input_keys.items())),
-        "spec": _spec_fingerprint(spec, step.kind, calibration_sha),
+        "spec": _spec_fingerprint(spec, step.kind, calibration_sha, step.engine),
         "tools": tool_versions(step.engine),
     }
     digest = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()

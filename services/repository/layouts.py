@@ -21,6 +21,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.descriptors import registry
+
 __all__ = [
     "OVMS_CONFIG",
     "OVMS_F32",
@@ -33,8 +35,10 @@ __all__ = [
 ]
 
 TRITON_ROOT, TFSERVING_ROOT, TFLITE_ROOT, OVMS_ROOT = "triton", "tfserving", "tflite", "ovms"
-#: Every root a model can be published under.
-ROOTS = (TRITON_ROOT, TFSERVING_ROOT, TFLITE_ROOT)
+#: Every root a model can be published under: each target descriptor's ``server_root``.
+ROOTS = tuple(
+    dict.fromkeys([TRITON_ROOT, TFSERVING_ROOT, TFLITE_ROOT, *(t.server_root for t in registry().targets.values())])
+)
 TFSERVING_CONFIG = f"{TFSERVING_ROOT}/models.config"
 OVMS_CONFIG = f"{OVMS_ROOT}/config.json"
 
@@ -45,11 +49,12 @@ OVMS_F32 = {"plugin_config": {"INFERENCE_PRECISION_HINT": "f32"}}
 
 def server_root(target: str, serving: dict[str, Any]) -> str:
     """Return the root a model is published under: its exporter's server, else its target's."""
-    if serving.get("triton") or target in ("onnxruntime", "openvino", "tensorrt"):
+    if serving.get("triton"):
         return TRITON_ROOT
-    if serving.get("tfserving") or target == "tfserving":
+    if serving.get("tfserving"):
         return TFSERVING_ROOT
-    return TFLITE_ROOT
+    known = registry().targets.get(target)
+    return known.server_root if known is not None else TFLITE_ROOT
 
 
 def _quote(s: str) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from services.descriptors import registry
 from services.errors import EngineUnavailable
 from services.formats import Format
 
@@ -57,16 +58,8 @@ class ModelRunner(abc.ABC):
 
 
 # format -> "module:factory"; factories take (path, **options) and return a ModelRunner.
-_RUNNERS: dict[Format, str] = {
-    Format.ONNX: "services.runners.onnx:OnnxRuntimeRunner",
-    Format.OPENVINO_IR: "services.runners.openvino:OpenVINORunner",
-    Format.TFLITE: "services.runners.tflite:TFLiteRunner",
-    Format.SAVEDMODEL: "services.runners.tensorflow:SavedModelRunner",
-    Format.KERAS: "services.runners.tensorflow:KerasRunner",
-    Format.TORCHSCRIPT: "services.runners.torch:TorchScriptRunner",
-    Format.TORCH_EXPORT: "services.runners.torch:ExportedProgramRunner",
-    Format.TENSORRT_PLAN: "services.runners.tensorrt:TensorRTRunner",
-}
+# From the format descriptors (services/descriptors); register_runner adds others (tests, plugins).
+_RUNNERS: dict[Format, str] = {Format(f.name): f.runner for f in registry().formats.values() if f.runner}
 
 
 def register_runner(fmt: Format, entry: str, *, replace: bool = False) -> None:

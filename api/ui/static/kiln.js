@@ -26,9 +26,8 @@
   const progress = document.getElementById("upload-progress");
   const button = document.getElementById("submit-button");
   const modelInput = document.getElementById("model");
-  const EXT = [[".tar.gz", "savedmodel"], [".tgz", "savedmodel"], [".onnx", "onnx"], [".tflite", "tflite"],
-    [".keras", "keras"], [".h5", "keras"], [".pt2", "torch_export"], [".pt", "torchscript"],
-    [".xml", "openvino_ir"], [".zip", "savedmodel"], [".tar", "savedmodel"]];
+  // [ending, format], longest ending first, from the format descriptors (services/descriptors).
+  const EXT = JSON.parse(form.dataset.extensions || "[]");
 
   function setPath(obj, path, value) {
     const keys = path.split(".");

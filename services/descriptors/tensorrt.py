@@ -1,0 +1,63 @@
+"""TensorRT: the tensorrt target (a plan for Triton), one worker image and queue per CUDA variant."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from services.descriptors._types import EngineDescriptor, FormatDescriptor, TargetDescriptor, WorkerImage
+
+#: 1 TiB: more than any GPU has.
+MAX_WORKSPACE_MB = 1 << 20
+
+#: TensorRT ships per CUDA major version; each variant has its own image and queue (kiln.tensorrt-<variant>).
+VARIANTS = {"cu12": "TensorRT 10.x on CUDA 12", "cu13": "TensorRT 11.x on CUDA 13"}
+
+
+class TensorRTOptions(BaseModel):
+    """TensorRT settings (``options.tensorrt``): which worker builds the plan, and with how much memory."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    variant: str = Field(
+        default="cu13", pattern=r"^cu[0-9]{2}$", description="TensorRT worker variant (queue kiln.tensorrt-<variant>)."
+    )
+    workspace_mb: int = Field(default=2048, ge=64, le=MAX_WORKSPACE_MB, description="TensorRT builder workspace limit.")
+
+
+DESCRIPTORS = (
+    EngineDescriptor(
+        name="tensorrt",
+        description="TensorRT",
+        modules=("tensorrt",),
+        extra="tensorrt",
+        packages=("tensorrt", "cuda-python", "onnxruntime", "onnx", "numpy"),
+        image=WorkerImage(
+            extras=("tensorrt", "service"), dockerfile="docker/tensorrt.Dockerfile", build_target=None, gpus=1
+        ),
+        variants=VARIANTS,
+        default_variant="cu13",
+        options=TensorRTOptions,
+        legacy_spec_fields={"tensorrt_variant": "variant", "tensorrt_workspace_mb": "workspace_mb"},
+    ),
+    FormatDescriptor(
+        name="tensorrt_plan",
+        label="TensorRT plan",
+        extensions=(".plan", ".engine"),
+        runner="services.runners.tensorrt:TensorRTRunner",
+        source_engine="tensorrt",
+        not_a_source=(
+            "a TensorRT plan is an engine-specific binary and cannot be converted",
+            "Submit the ONNX (or framework) model the plan was built from.",
+        ),
+    ),
+    TargetDescriptor(
+        name="tensorrt",
+        engine="tensorrt",
+        accepts={"onnx": 2.0},
+        entry="services.exporters.tensorrt:export_tensorrt",
+        artifact_format="tensorrt_plan",
+        server_root="triton",
+        precisions={"onnx": frozenset({"fp32", "fp16", "int8"})},
+        preflight="services.tensorrt.submission:check_submission",
+    ),
+)
