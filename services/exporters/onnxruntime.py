@@ -127,15 +127,19 @@ def fuse_transformer_ops(ctx: StepContext, src: Path) -> tuple[Path, dict[str, o
     from services.passes.ort_fusions import fuse_for_onnxruntime
     from services.passes.step import GUARD_MAX_WEIGHT_BYTES, output_check
 
+    data = src.with_name(src.name + ".data")
+    if src.stat().st_size + (data.stat().st_size if data.exists() else 0) > GUARD_MAX_WEIGHT_BYTES:
+        # Unchecked and untimed it would be a guess; checked, two more sessions cost seconds per GiB.
+        return src, {"applied": False, "reason": f"model over {GUARD_MAX_WEIGHT_BYTES >> 20} MiB: not attempted"}
     model = load_onnx(src)
     if sum(len(t.raw_data) or t.ByteSize() for t in model.graph.initializer) > GUARD_MAX_WEIGHT_BYTES:
-        # Unchecked and untimed it would be a guess; checked, two more sessions cost seconds per GiB.
+        # External data under other file names than model.onnx.data: known only once loaded.
         return src, {"applied": False, "reason": f"weights over {GUARD_MAX_WEIGHT_BYTES >> 20} MiB: not attempted"}
     check, unchecked = output_check(model, ctx.spec)
     if check is None:
         return src, {"applied": False, "reason": unchecked}
     ctx.progress("onnxruntime fusions (attention, Gelu; no SkipLayerNormalization)")
-    fused, report = fuse_for_onnxruntime(model, check.feeds)
+    fused, report = fuse_for_onnxruntime(model, check.feeds, check=check)
     ctx.progress(f"onnxruntime fusions: {report['reason']}")
     if fused is model:
         return src, report

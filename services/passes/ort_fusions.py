@@ -172,13 +172,18 @@ def _timed(
 
 
 def fuse_for_onnxruntime(
-    model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], *, timed: bool = True
+    model: onnx.ModelProto,
+    feeds: list[dict[str, np.ndarray]],
+    *,
+    timed: bool = True,
+    check: OutputCheck | None = None,
 ) -> tuple[onnx.ModelProto, dict[str, Any]]:
     """Return the model to publish for onnxruntime and what was done, measured and decided.
 
     ``model`` is not modified. The result is ``model`` itself when nothing applies, when a
     rewrite changes its outputs on ``feeds``, or (with ``timed``) when the rewritten model
-    is not faster in onnxruntime than ``model`` (median over interleaved rounds).
+    is not faster in onnxruntime than ``model`` (median over interleaved rounds). ``check``:
+    ``model``'s outputs on ``feeds`` when the caller already has them.
     """
     started = time.perf_counter()
     report: dict[str, Any] = {"tool": "onnxscript.rewriter.ort_fusions", "left_out": dict(LEFT_OUT)}
@@ -197,7 +202,7 @@ def fuse_for_onnxruntime(
     if fused is not candidate:
         if drop or has_skip_layernorm_pattern(fused):
             drop_value_info(fused)  # the shapes the fusions inferred would bring SkipLayerNorm back
-        problem = _check(model, fused, feeds)
+        problem = _check(model, fused, feeds, check)
         if problem is None:
             candidate = fused
         else:
@@ -227,11 +232,13 @@ def fuse_for_onnxruntime(
     return candidate, report
 
 
-def _check(model: onnx.ModelProto, fused: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> str | None:
+def _check(
+    model: onnx.ModelProto, fused: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], check: OutputCheck | None
+) -> str | None:
     """Return why ``fused`` is not ``model`` on ``feeds`` (it fails to load, or its outputs differ), else None."""
     if not feeds:
         return "no inputs to check the fusions on"
     try:
-        return OutputCheck.for_model(model, feeds).compare(fused)
+        return (check or OutputCheck.for_model(model, feeds)).compare(fused)
     except Exception as exc:
         return f"{type(exc).__name__}: {str(exc)[:300]}"
