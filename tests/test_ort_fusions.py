@@ -178,3 +178,42 @@ def test_drop_value_info_counts_subgraphs() -> None:
     model = helper.make_model(graph)
     assert has_skip_layernorm_pattern(model)
     assert drop_value_info(model) == 3 and not model.graph.value_info
+
+
+def test_gpt2_attention_fused_without_breaking_its_gemm(tmp_path: Path) -> None:
+    """onnxscript's MHA rule would replace GPT-2's (B*S, D) Reshape before the Gemm with a 3-D value."""
+    import torch
+    from transformers import GPT2Config, GPT2Model
+
+    from services.passes import optimize_model
+    from services.passes.ort_fusions import apply_fusions
+    from services.passes.speed import timing_session
+    from services.passes.verify import ort_session
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=100, n_embd=64, n_layer=2, n_head=4, n_positions=64, use_cache=False)
+    gpt2 = GPT2Model(config).eval()
+
+    class LastHidden(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gpt2 = gpt2
+
+        def forward(self, input_ids):  # type: ignore[no-untyped-def]
+            return self.gpt2(input_ids=input_ids, use_cache=False).last_hidden_state
+
+    ids = torch.randint(0, 100, (2, SEQ))
+    dims = {0: torch.export.Dim("batch", min=1, max=32), 1: torch.export.Dim("sequence", min=2, max=64)}
+    program = torch.onnx.export(
+        LastHidden().eval(), (ids,), input_names=["input_ids"], dynamic_shapes=(dims,), dynamo=True, optimize=False
+    )
+    path = tmp_path / "gpt2.onnx"
+    program.save(str(path))
+    model, _ = optimize_model(onnx.load(str(path)))
+    fused, counts = apply_fusions(model)
+    assert counts["sdpa"] == 2 and counts["mha"] == 0 and counts["sdpa_via_mha"] == 2, counts
+    assert [n.op_type for n in fused.graph.node].count("MultiHeadAttention") == 2
+    feed = {"input_ids": np.random.default_rng(0).integers(0, 100, (3, SEQ)).astype(np.int64)}
+    expected = ort_session(model).run(None, feed)[0]
+    # As served (onnxruntime's own rewrites on), where the broken graph failed in the Gemm.
+    np.testing.assert_allclose(timing_session(fused).run(None, feed)[0], expected, rtol=1e-4, atol=1e-5)
