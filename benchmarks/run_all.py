@@ -19,6 +19,7 @@ HERE = Path(__file__).resolve().parent
 SCRIPTS = (
     "bench_optimizer.py",
     "bench_skip_layernorm.py",
+    "bench_ort_fusions.py",
     "bench_openvino.py",
     "bench_tflite.py",
     "bench_torch_sources.py",

@@ -94,12 +94,26 @@ def _torch_module(kind: str) -> Any:
     return LastHidden(tr.ViTModel(cfg, add_pooling_layer=False), ("pixel_values",)).eval()
 
 
-def torch_transformer(kind: str, exporter: str, path: Path) -> tuple[Path, Feeds]:
-    """Export transformers' ``kind`` (bert, gpt2, vit) with ``exporter`` (torchscript, dynamo) to ``path``."""
+def torch_transformer(
+    kind: str, exporter: str, path: Path, *, random_biases: bool = False, reuse: bool = False
+) -> tuple[Path, Feeds]:
+    """Export transformers' ``kind`` (bert, gpt2, vit) with ``exporter`` (torchscript, dynamo) to ``path``.
+
+    transformers initialises every bias to zero, which optimisers then drop; ``random_biases``
+    draws them from U(-0.1, 0.1) as a trained model has them. ``reuse``: an existing ``path`` is
+    taken as it is.
+    """
+    feeds = _image_feeds(False) if kind == "vit" else _token_feeds(True)
+    if reuse and path.exists():
+        return path, feeds
     import torch
 
     module = _torch_module(kind)
-    feeds = _image_feeds(False) if kind == "vit" else _token_feeds(True)
+    if random_biases:
+        with torch.no_grad():
+            for name, param in module.named_parameters():
+                if name.endswith("bias"):
+                    param.uniform_(-0.1, 0.1)
     example = {k: torch.from_numpy(v) for k, v in feeds(2).items()}
     names = list(example)
     if exporter == "torchscript":
@@ -193,8 +207,14 @@ def _keras_model(kind: str) -> Any:
     return keras.Model(inputs, layers.LayerNormalization(epsilon=1e-5)(x))
 
 
-def keras_transformer(kind: str, path: Path) -> tuple[Path, Feeds]:
-    """Build the Keras ``kind`` (bert, gpt2, vit) and convert it with tf2onnx at opset 17, as Kiln's keras route does."""
+def keras_transformer(kind: str, path: Path, *, reuse: bool = False) -> tuple[Path, Feeds]:
+    """Build the Keras ``kind`` (bert, gpt2, vit) and convert it with tf2onnx at opset 17, as Kiln's keras route does.
+
+    ``reuse``: an existing ``path`` is taken as it is.
+    """
+    feeds = _image_feeds(True) if kind == "vit" else _token_feeds(kind == "bert")
+    if reuse and path.exists():
+        return path, feeds
     import onnx
     import tensorflow as tf
     import tf2onnx
@@ -202,11 +222,9 @@ def keras_transformer(kind: str, path: Path) -> tuple[Path, Feeds]:
     model = _keras_model(kind)
     if kind == "vit":
         spec = (tf.TensorSpec((None, IMAGE, IMAGE, 3), tf.float32, name="pixel_values"),)
-        feeds = _image_feeds(True)
     else:
         names = ["input_ids", "attention_mask"] if kind == "bert" else ["input_ids"]
         spec = tuple(tf.TensorSpec((None, None), tf.int64, name=n) for n in names)
-        feeds = _token_feeds(kind == "bert")
     proto, _ = tf2onnx.convert.from_keras(model, input_signature=spec, opset=17)
     onnx.save(proto, str(path))
     return path, feeds

@@ -29,13 +29,21 @@ MODEL_FILE = "model.onnx"
 SERVING = {"triton": {"platform": "onnxruntime_onnx"}, "ovms": OVMS_F32}
 
 
-def to_fp16(src: Path, dst: Path) -> None:
-    """Write an fp16 copy of ``src`` whose inputs and outputs stay fp32."""
+def to_fp16(src: Path, dst: Path, *, drop_shapes: bool = False) -> None:
+    """Write an fp16 copy of ``src`` whose inputs and outputs stay fp32.
+
+    ``drop_shapes``: leave out the intermediate shapes the converter infers, as the fusion pass
+    did for the fp32 model (they would let onnxruntime fuse SkipLayerNormalization at load).
+    """
     from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    from services.passes.ort_fusions import drop_value_info
 
     model = load_onnx(src)
     # keep_io_types adds Cast nodes at the boundaries so the public signature is unchanged.
     fp16 = convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=False)
+    if drop_shapes:
+        drop_value_info(fp16)
     save_onnx(fp16, dst)
 
 
@@ -109,6 +117,38 @@ def _write_fp32(src: Path, dst: Path) -> None:
     save_onnx(load_onnx(src), dst)
 
 
+def fuse_transformer_ops(ctx: StepContext, src: Path) -> tuple[Path, dict[str, object]]:
+    """Return the model to export (``src`` or its fused copy in scratch) and what the fusion pass did.
+
+    onnxruntime-only rewrites (services/passes/ort_fusions.py): attention and Gelu fusions into
+    onnxruntime's contrib ops, and no SkipLayerNormalization. Kept only when the outputs agree
+    on generated samples and the result runs faster; the export's parity gate checks it again.
+    """
+    from services.passes.ort_fusions import fuse_for_onnxruntime
+    from services.passes.step import GUARD_MAX_WEIGHT_BYTES, output_check
+
+    data = src.with_name(src.name + ".data")
+    if src.stat().st_size + (data.stat().st_size if data.exists() else 0) > GUARD_MAX_WEIGHT_BYTES:
+        # Unchecked and untimed it would be a guess; checked, two more sessions cost seconds per GiB.
+        return src, {"applied": False, "reason": f"model over {GUARD_MAX_WEIGHT_BYTES >> 20} MiB: not attempted"}
+    model = load_onnx(src)
+    if sum(len(t.raw_data) or t.ByteSize() for t in model.graph.initializer) > GUARD_MAX_WEIGHT_BYTES:
+        # External data under other file names than model.onnx.data: known only once loaded.
+        return src, {"applied": False, "reason": f"weights over {GUARD_MAX_WEIGHT_BYTES >> 20} MiB: not attempted"}
+    check, unchecked = output_check(model, ctx.spec)
+    if check is None:
+        return src, {"applied": False, "reason": unchecked}
+    ctx.progress("onnxruntime fusions (attention, Gelu; no SkipLayerNormalization)")
+    fused, report = fuse_for_onnxruntime(model, check.feeds, check=check)
+    ctx.progress(f"onnxruntime fusions: {report['reason']}")
+    if fused is model:
+        return src, report
+    out = ctx.scratch / "ort-fused" / MODEL_FILE
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_onnx(fused, out)
+    return out, report
+
+
 def export_onnxruntime(ctx: StepContext) -> Artifact:
     """Write model.onnx at the job's precision, validated and benchmarked on onnxruntime."""
     precision = Precision(ctx.step.options.get("precision", ctx.spec.precision.value))
@@ -116,11 +156,18 @@ def export_onnxruntime(ctx: StepContext) -> Artifact:
     dst = ctx.out_dir / MODEL_FILE
     details: dict[str, object] = {}
     warnings: list[str] = []
+    fusion_report: dict[str, object] = {}
+    if ctx.spec.optimize and precision in (Precision.FP32, Precision.FP16):
+        # fp16 converts the fused fp32 model (onnxruntime's float16 converter handles the
+        # contrib ops); fp32 timing baselines then compare like with like.
+        src, fusion_report = fuse_transformer_ops(ctx, src)
+        details["ort_fusions"] = fusion_report
     if precision is Precision.FP32:
         _write_fp32(src, dst)
     elif precision is Precision.FP16:
         ctx.progress("converting to fp16 (fp32 inputs and outputs kept)")
-        to_fp16(src, dst)
+        dropped = bool(fusion_report.get("applied") and fusion_report.get("value_info_dropped"))
+        to_fp16(src, dst, drop_shapes=dropped)
         details["fp16"] = {"keep_io_types": True, "tool": "onnxruntime.transformers.float16"}
     elif precision is Precision.INT4:
         from services.exporters.onnx_int4 import BLOCK_SIZE, quantize_int4
