@@ -12,7 +12,16 @@ __all__ = ["ENGINE_PACKAGES", "tool_versions"]
 
 #: Distributions whose version changes what an engine's steps produce.
 ENGINE_PACKAGES: dict[str, tuple[str, ...]] = {
-    "onnxruntime": ("onnx", "onnxruntime", "onnxscript", "onnx-ir", "onnxslim", "torch", "numpy"),
+    "onnxruntime": (
+        "onnx",
+        "onnxruntime",
+        "onnxscript",
+        "onnx-ir",
+        "onnxslim",
+        "torch",
+        "numpy",
+        "opencv-python-headless",
+    ),
     "openvino": ("onnx", "openvino", "nncf", "numpy"),
     "tensorflow": ("tensorflow", "keras", "tf2onnx", "onnx2tf", "ai-edge-litert", "onnx", "numpy"),
     "tensorrt": ("tensorrt", "cuda-python", "onnxruntime", "onnx", "numpy"),

@@ -14,6 +14,7 @@ from pathlib import Path
 from services.errors import SourceUnreadable, UnsafeInput, UnsupportedFormat
 from services.formats._types import Format
 from services.formats.archives import archive_kind, list_members, safe_extract
+from services.formats.caffe import caffe_members_kind, find_caffe_files, looks_like_prototxt, vet_caffe_source
 
 __all__ = ["DetectedSource", "detect_format", "open_source", "sha256_path"]
 
@@ -76,6 +77,8 @@ def _zip_kind(members: list[str]) -> tuple[Format | None, str]:
         return None, "a torch.save pickle (data.pkl without TorchScript code/)"
     if "saved_model.pb" in base or "saved_model.pbtxt" in base:
         return Format.SAVEDMODEL, "archive holding a TF SavedModel"
+    if caffe := caffe_members_kind(members):
+        return Format.CAFFE, caffe
     return None, f"zip archive with members {sorted(members)[:6]}"
 
 
@@ -125,9 +128,16 @@ def detect_format(path: Path) -> tuple[Format, str]:
             return Format.ONNX, "tar archive holding an ONNX model"
         if any(m.endswith(".xml") for m in members):
             return Format.OPENVINO_IR, "tar archive holding an OpenVINO IR"
+        if caffe := caffe_members_kind(members):
+            return Format.CAFFE, caffe
         raise UnsupportedFormat(f"{path.name}: tar archive with members {sorted(members)[:6]}")
     if _looks_like_onnx(head):
         return Format.ONNX, "protobuf starting with ir_version (ONNX ModelProto)"
+    if path.suffix == ".caffemodel" or looks_like_prototxt(head):
+        raise UnsupportedFormat(
+            f"{path.name} is one half of a Caffe model ({'weights' if path.suffix == '.caffemodel' else 'net definition'})",
+            hint="Upload the deploy .prototxt and the .caffemodel together, in a .zip or .tar.gz.",
+        )
     if path.suffix in (".plan", ".engine"):
         return Format.TENSORRT_PLAN, "TensorRT plan (by name; plans carry no public magic)"
     raise UnsupportedFormat(
@@ -145,6 +155,8 @@ def _detect_dir(path: Path) -> tuple[Format, str]:
     onnx_files = sorted(path.glob("*.onnx"))
     if len(onnx_files) == 1:
         return Format.ONNX, f"directory with {onnx_files[0].name} (external data alongside)"
+    if find_caffe_files(path) is not None:
+        return Format.CAFFE, "directory with a Caffe .prototxt and .caffemodel"
     subdirs = [p for p in path.iterdir() if p.is_dir()]
     if len(subdirs) == 1 and not any(p.is_file() for p in path.iterdir()):
         return _detect_dir(subdirs[0])
@@ -207,6 +219,8 @@ def open_source(
         loadable = _resolve_loadable(fmt, dest)
     elif path.is_dir():
         loadable = _resolve_loadable(fmt, path)
+    if fmt is Format.CAFFE:
+        vet_caffe_source(loadable)  # sizes and the deploy net (a Python layer is code), before any step
     if fmt is Format.OPENVINO_IR:
         bin_path = loadable.with_suffix(".bin")
         if not bin_path.exists():

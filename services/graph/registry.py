@@ -124,6 +124,7 @@ _SOURCE_ENGINE: dict[Format, str] = {
     Format.TFLITE: "tensorflow",
     Format.OPENVINO_IR: "openvino",
     Format.TENSORRT_PLAN: "tensorrt",
+    Format.CAFFE: "onnxruntime",  # OpenCV (the reference) and the converter ride in the onnxruntime image
 }
 
 
@@ -186,6 +187,15 @@ def _converters() -> Iterable[Converter]:
             2.0,
             "services.converters.torch_to_onnx:exported_program_to_onnx",
             "torch.onnx (dynamo)",
+        ),
+        C(
+            "caffe-to-onnx",
+            F.CAFFE,
+            F.ONNX,
+            "onnxruntime",
+            2.0,
+            "services.converters.caffe_to_onnx:caffe_to_onnx",
+            "kiln caffe_to_onnx",
         ),
         # --- native TensorFlow routes (no ONNX round trip) ---
         C(
