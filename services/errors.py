@@ -75,7 +75,7 @@ class UnsupportedFormat(KilnError):
     code = "UNSUPPORTED_FORMAT"
     default_hint = (
         "Kiln reads ONNX, Keras (.keras/.h5), TF SavedModel (dir/.zip/.tar.gz), TFLite, "
-        "TorchScript (.pt), torch.export (.pt2), OpenVINO IR (.xml+.bin) and Caffe (.prototxt+.caffemodel); "
+        "TorchScript (.pt), torch.export (.pt2), OpenVINO IR (.xml+.bin), Caffe (.prototxt+.caffemodel) and MindIR (.mindir); "
         "set `source_format` in the spec if detection guessed wrong."
     )
 

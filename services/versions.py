@@ -21,6 +21,7 @@ ENGINE_PACKAGES: dict[str, tuple[str, ...]] = {
         "torch",
         "numpy",
         "opencv-python-headless",
+        "mindspore",
     ),
     "openvino": ("onnx", "openvino", "nncf", "numpy"),
     "tensorflow": ("tensorflow", "keras", "tf2onnx", "onnx2tf", "ai-edge-litert", "onnx", "numpy"),

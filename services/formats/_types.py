@@ -19,3 +19,4 @@ class Format(str, Enum):
     OPENVINO_IR = "openvino_ir"
     TENSORRT_PLAN = "tensorrt_plan"
     CAFFE = "caffe"
+    MINDIR = "mindir"

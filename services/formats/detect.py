@@ -15,6 +15,7 @@ from services.errors import SourceUnreadable, UnsafeInput, UnsupportedFormat
 from services.formats._types import Format
 from services.formats.archives import archive_kind, list_members, safe_extract
 from services.formats.caffe import caffe_members_kind, find_caffe_files, looks_like_prototxt, vet_caffe_source
+from services.formats.mindir import looks_like_mindir
 
 __all__ = ["DetectedSource", "detect_format", "open_source", "sha256_path"]
 
@@ -131,6 +132,8 @@ def detect_format(path: Path) -> tuple[Format, str]:
         if caffe := caffe_members_kind(members):
             return Format.CAFFE, caffe
         raise UnsupportedFormat(f"{path.name}: tar archive with members {sorted(members)[:6]}")
+    if looks_like_mindir(head):
+        return Format.MINDIR, "protobuf with producer MindSpore (MindIR ModelProto)"
     if _looks_like_onnx(head):
         return Format.ONNX, "protobuf starting with ir_version (ONNX ModelProto)"
     if path.suffix == ".caffemodel" or looks_like_prototxt(head):

@@ -125,6 +125,7 @@ _SOURCE_ENGINE: dict[Format, str] = {
     Format.OPENVINO_IR: "openvino",
     Format.TENSORRT_PLAN: "tensorrt",
     Format.CAFFE: "onnxruntime",  # OpenCV (the reference) and the converter ride in the onnxruntime image
+    Format.MINDIR: "onnxruntime",  # with the mindspore extra installed (nn.GraphCell gives the reference)
 }
 
 
@@ -196,6 +197,24 @@ def _converters() -> Iterable[Converter]:
             2.0,
             "services.converters.caffe_to_onnx:caffe_to_onnx",
             "kiln caffe_to_onnx",
+        ),
+        C(
+            "mindir-to-onnx",
+            F.MINDIR,
+            F.ONNX,
+            "onnxruntime",
+            2.0,
+            "services.converters.mindir_to_onnx:mindir_to_onnx_mindspore",
+            "mindspore.onnx.export",
+        ),
+        C(  # the fallback: Kiln's own mapping over MindIR's protobuf
+            "mindir-protobuf-to-onnx",
+            F.MINDIR,
+            F.ONNX,
+            "onnxruntime",
+            2.5,
+            "services.converters.mindir_to_onnx:mindir_to_onnx",
+            "kiln mindir_to_onnx",
         ),
         # --- native TensorFlow routes (no ONNX round trip) ---
         C(

@@ -67,6 +67,7 @@ _RUNNERS: dict[Format, str] = {
     Format.TORCH_EXPORT: "services.runners.torch:ExportedProgramRunner",
     Format.TENSORRT_PLAN: "services.runners.tensorrt:TensorRTRunner",
     Format.CAFFE: "services.runners.caffe:CaffeRunner",
+    Format.MINDIR: "services.runners.mindir:MindIRRunner",
 }
 
 
