@@ -46,8 +46,8 @@ __all__ = [
 
 ENTRY_POINT_GROUP = "kiln.descriptors"
 
-#: The historical order of the built-in formats and targets (enum order, JSON Schema order,
-#: hints); formats and targets registered later follow in discovery order.
+#: The historical order of the built-in formats, targets and engines (enum order, JSON Schema
+#: order, hints, queues); those registered later follow in discovery order.
 _CORE_FORMATS = (
     "onnx",
     "keras",
@@ -59,6 +59,9 @@ _CORE_FORMATS = (
     "tensorrt_plan",
 )
 _CORE_TARGETS = ("onnxruntime", "openvino", "tflite", "tfserving", "tensorrt")
+#: Engines too (ENGINES and the queues follow it): a module whose name sorts first
+#: (services/descriptors/mindspore.py) must not move the built-ins.
+_CORE_ENGINES = ("onnxruntime", "openvino", "tensorflow", "tensorrt")
 
 Descriptor = EngineDescriptor | FormatDescriptor | TargetDescriptor | ConverterDescriptor
 
@@ -94,7 +97,7 @@ class Registry:
                 tables[kind][d.name] = d
                 origin[(kind, d.name)] = module
         reg = cls(
-            engines=tables["engine"],
+            engines=_ordered(tables["engine"], _CORE_ENGINES),
             formats=_ordered(tables["format"], _CORE_FORMATS),
             targets=_ordered(tables["target"], _CORE_TARGETS),
             converters=tables["converter"],

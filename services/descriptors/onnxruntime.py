@@ -10,8 +10,18 @@ DESCRIPTORS = (
         description="ONNX Runtime; also runs the PyTorch importers",
         modules=("onnxruntime", "onnx"),
         extra="onnxruntime",
-        packages=("onnx", "onnxruntime", "onnxscript", "onnx-ir", "onnxslim", "torch", "numpy"),
-        # torch carries the TorchScript / torch.export importers (services/descriptors/torch.py).
+        packages=(
+            "onnx",
+            "onnxruntime",
+            "onnxscript",
+            "onnx-ir",
+            "onnxslim",
+            "torch",
+            "numpy",
+            "opencv-python-headless",
+        ),
+        # torch carries the TorchScript / torch.export importers (services/descriptors/torch.py),
+        # opencv-python-headless the Caffe reference runner (services/descriptors/caffe.py).
         image=WorkerImage(extras=("onnxruntime", "torch", "service")),
         preload=("onnxruntime", "services.exporters.onnxruntime", "services.passes.step"),
     ),
