@@ -348,8 +348,8 @@ def test_a_plugin_engine_is_derived_everywhere(plugin_env: dict[str, str], tmp_p
     assert seen["targets_enum"][-1] == "democopy"
     assert {"democopy", "demo_src", "tensorrt"} <= set(seen["options"])
     assert seen["detected"] == ["demo_src", "DEMO magic"]  # the plugin's sniffer, after the built-in rules
-    # The plugin's source comes last in the hint, after every format registered in the tree.
-    assert "OpenVINO IR (.xml+.bin)," in seen["hint"] and " and Demo source (.demo);" in seen["hint"]
+    # The plugin's source comes last, after the built-ins and any in-tree source (PaddlePaddle).
+    assert "OpenVINO IR (.xml+.bin), " in seen["hint"] and " and Demo source (.demo); set" in seen["hint"]
     assert "worker-democopy:" in seen["snippet"] and "ENGINE: democopy" in seen["snippet"]
 
 

@@ -46,8 +46,8 @@ __all__ = [
 
 ENTRY_POINT_GROUP = "kiln.descriptors"
 
-#: The historical order of the built-in formats, targets and engines (enum order, JSON Schema
-#: order, hints, queues); those registered later follow in discovery order.
+#: The historical order of the built-in engines, formats and targets (queues, enum order, JSON
+#: Schema order, hints); those registered later follow in discovery order.
 _CORE_FORMATS = (
     "onnx",
     "keras",
@@ -59,8 +59,7 @@ _CORE_FORMATS = (
     "tensorrt_plan",
 )
 _CORE_TARGETS = ("onnxruntime", "openvino", "tflite", "tfserving", "tensorrt")
-#: Engines too (ENGINES and the queues follow it): a module whose name sorts first
-#: (services/descriptors/mindspore.py) must not move the built-ins.
+#: Engines keep theirs too (queue order): a module named before "onnxruntime" ("mnn") must not lead.
 _CORE_ENGINES = ("onnxruntime", "openvino", "tensorflow", "tensorrt")
 
 Descriptor = EngineDescriptor | FormatDescriptor | TargetDescriptor | ConverterDescriptor

@@ -128,6 +128,13 @@ def detect_format(path: Path) -> tuple[Format, str]:
     kind = archive_kind(path)
     if kind == "zip":
         fmt, seen = _zip_kind(list_members(path))
+        if fmt is Format.TORCH_EXPORT:
+            # torch.export is recognised loosely (any JSON under models/); a registered format
+            # whose sniffer claims the archive outright (a Paddle models/model.json with its
+            # model.pdiparams) is the more specific verdict.
+            found = _descriptor_sniff("detect_archive", list_members(path))
+            if found is not None:
+                return found
         if fmt is None and "pickle" in seen:
             raise UnsafeInput(
                 f"{path.name} is {seen}; loading it would run arbitrary code",
