@@ -27,8 +27,14 @@ __all__ = ["ReferenceData", "load_reference", "run_reference_step", "source_runn
 
 
 def source_runner(ctx: StepContext) -> ModelRunner:
-    """Open the job's source model with its own framework."""
-    return open_runner(ctx.source.format, ctx.source.path, signature=ctx.spec.signature, inputs=ctx.spec.inputs)
+    """Open the job's source model with its own framework (given its format's spec options, if it has any)."""
+    return open_runner(
+        ctx.source.format,
+        ctx.source.path,
+        signature=ctx.spec.signature,
+        inputs=ctx.spec.inputs,
+        options=ctx.spec.options_for(ctx.source.format.value),
+    )
 
 
 def _pack(samples: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
