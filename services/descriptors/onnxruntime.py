@@ -20,9 +20,11 @@ DESCRIPTORS = (
             "transformers",
             "safetensors",
             "numpy",
+            "opencv-python-headless",
         ),
         # torch carries the TorchScript / torch.export importers (services/descriptors/torch.py), and with
-        # transformers and safetensors (the same extra) the Hugging Face source (services/descriptors/huggingface.py).
+        # transformers and safetensors (the same extra) the Hugging Face source (services/descriptors/huggingface.py);
+        # opencv-python-headless (the onnxruntime extra) the Caffe reference runner (services/descriptors/caffe.py).
         image=WorkerImage(extras=("onnxruntime", "torch", "service")),
         preload=("onnxruntime", "services.exporters.onnxruntime", "services.passes.step"),
     ),
