@@ -2,8 +2,9 @@
 
     .venv/bin/python benchmarks/bench_alone.py [--rounds 3] [--iterations 200]
 
-Three cases, side by side in alternating order, each compiling the tests' transformer block to
-onnxruntime with its latency benchmark (batch 1 and 8):
+Three cases, side by side in alternating order, each compiling a BERT-class model (transformers,
+random weights, TorchScript export: benchmarks/transformer_models.py) to onnxruntime with its
+latency benchmark (batch 1 and 8):
 
 - ``quiet``: nothing else runs on the host (the baseline);
 - ``beside``: a neighbour process compiles other jobs (the CNN to OpenVINO, cache off, in a
@@ -34,6 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 NEIGHBOUR = """
@@ -80,7 +82,8 @@ def _compile_once(model: Path, work: Path, iterations: int, tag: str) -> list[di
 
 
 def main() -> None:
-    from models import tiny_cnn_onnx, tiny_transformer_onnx
+    from models import tiny_cnn_onnx
+    from transformer_models import torch_transformer
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
@@ -88,7 +91,7 @@ def main() -> None:
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kiln-bench-alone-"))
     os.environ["KILN_HOST_LOCK_DIR"] = str(work / "locks")
-    model = tiny_transformer_onnx(work / "transformer.onnx")
+    model, _ = torch_transformer("bert", "torchscript", work / "bert.onnx")
     neighbour_model = tiny_cnn_onnx(work / "cnn.onnx")
     cases = ["quiet", "beside", "alone"]
     rows: dict[str, list[list[dict[str, Any]]]] = {c: [] for c in cases}
