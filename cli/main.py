@@ -550,7 +550,7 @@ def routes_cmd(as_json: bool) -> None:
     reach.add_column("source")
     reach.add_column("targets")
     for fmt in Format:
-        if fmt is Format.TENSORRT_PLAN:
+        if fmt in (Format.TENSORRT_PLAN, Format.TVM_LIBRARY):
             continue
         formats = set(reachable_formats(reg, fmt))
         targets = [e.target.value for e in reg.exporters if any(f in formats for f in e.accepts)]

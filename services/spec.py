@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from services.errors import InvalidSpec
 from services.formats import Format
+from services.tvm.options import TvmOptions
 
 __all__ = [
     "DEFAULT_TOLERANCES",
@@ -43,6 +44,7 @@ class TargetName(str, Enum):
     TFLITE = "tflite"
     TFSERVING = "tfserving"
     TENSORRT = "tensorrt"
+    TVM = "tvm"
 
 
 class Precision(str, Enum):
@@ -249,6 +251,7 @@ class CompileSpec(_Strict):
         ),
     )
     serving: ServingSpec = Field(default_factory=ServingSpec, description="How servers load the repository.")
+    tvm: TvmOptions = Field(default_factory=TvmOptions, description="The tvm target: CPU, CUDA cross-compile, tuning.")
 
     @field_validator("targets")
     @classmethod

@@ -16,6 +16,7 @@ ENGINE_PACKAGES: dict[str, tuple[str, ...]] = {
     "openvino": ("onnx", "openvino", "nncf", "numpy"),
     "tensorflow": ("tensorflow", "keras", "tf2onnx", "onnx2tf", "ai-edge-litert", "onnx", "numpy"),
     "tensorrt": ("tensorrt", "cuda-python", "onnxruntime", "onnx", "numpy"),
+    "tvm": ("apache-tvm", "apache-tvm-ffi", "onnx", "numpy"),
 }
 
 
@@ -29,4 +30,8 @@ def tool_versions(engine: str) -> dict[str, str]:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             continue
+    if family == "tvm":  # its libraries are compiled for the host CPU: another CPU needs its own build
+        from services.tvm.host import cpu_fingerprint
+
+        out["host_cpu"] = cpu_fingerprint()
     return out

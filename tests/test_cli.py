@@ -102,7 +102,14 @@ def test_inspect_and_routes(cnn_onnx: Path) -> None:
     routes = json.loads(proc.stdout)
     names = {c["name"] for c in routes["converters"]}
     assert "onnx-to-openvino-ir" in names
-    assert {e["target"] for e in routes["exporters"]} == {"onnxruntime", "openvino", "tflite", "tfserving", "tensorrt"}
+    assert {e["target"] for e in routes["exporters"]} == {
+        "onnxruntime",
+        "openvino",
+        "tflite",
+        "tfserving",
+        "tensorrt",
+        "tvm",
+    }
     proc = run("routes")
     assert "reachable targets per source format" in proc.stdout
 

@@ -118,6 +118,7 @@ def test_compose_default_profile_is_the_cpu_stack(tmp_path: Path) -> None:
         "worker-onnxruntime",
         "worker-openvino",
         "worker-tensorflow",
+        "worker-tvm",
     }
 
 
@@ -304,8 +305,9 @@ def test_default_render_has_a_worker_per_cpu_engine(rendered: dict[str, list[dic
         "kiln-worker-onnxruntime",
         "kiln-worker-openvino",
         "kiln-worker-tensorflow",
+        "kiln-worker-tvm",
     }
-    for engine in ("onnxruntime", "openvino", "tensorflow"):
+    for engine in ("onnxruntime", "openvino", "tensorflow", "tvm"):
         (container,) = deployments[f"kiln-worker-{engine}"]["spec"]["template"]["spec"]["containers"]
         assert container["command"] == ["kiln", "worker", "--engine", engine, "--concurrency", "1"]
         assert container["image"] == f"kiln/worker-{engine}:0.1.0"
@@ -396,6 +398,7 @@ def test_external_render_bundles_nothing(rendered: dict[str, list[dict[str, Any]
         "kiln-worker-onnxruntime",
         "kiln-worker-openvino",
         "kiln-worker-tensorflow",
+        "kiln-worker-tvm",
     }
     secret = _by_kind(docs, "Secret")["kiln"]["stringData"]
     assert secret["KILN_DATABASE_URL"] == "postgresql+psycopg://kiln:pw@db.internal:5432/kiln"

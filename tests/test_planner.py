@@ -100,7 +100,7 @@ def test_real_registry_onnx_source() -> None:
 def test_real_registry_every_edge_importable_module_names() -> None:
     reg = default_registry()
     engines = reg.engines()
-    assert engines == {"onnxruntime", "openvino", "tensorflow", "tensorrt"}
+    assert engines == {"onnxruntime", "openvino", "tensorflow", "tensorrt", "tvm"}
     for conv in reg.converters:
         module, _, func = conv.entry.partition(":")
         assert module.startswith("services.converters.") and func

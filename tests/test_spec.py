@@ -72,7 +72,7 @@ def test_schema_is_generated_from_the_model() -> None:
     assert schema["required"] == ["targets"]
     assert set(schema["properties"]) == set(CompileSpec.model_fields)
     targets = schema["$defs"]["TargetName"]["enum"]
-    assert targets == ["onnxruntime", "openvino", "tflite", "tfserving", "tensorrt"]
+    assert targets == ["onnxruntime", "openvino", "tflite", "tfserving", "tensorrt", "tvm"]
     assert schema["additionalProperties"] is False
 
 

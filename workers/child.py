@@ -79,6 +79,9 @@ _S3_PRELOAD = ("services.storage.s3", "services.repository.s3")
 _ENGINE_PRELOAD = {
     "onnxruntime": ("onnxruntime", "services.exporters.onnxruntime", "services.passes.step"),
     "openvino": ("openvino", "onnxruntime", "services.exporters.openvino", "services.converters.openvino_ir"),
+    # Not tvm itself: its import takes 7 to 30 s here, which every all-engine worker (kiln serve)
+    # would pay before its first step of any engine; a tvm step imports it in its child instead.
+    "tvm": ("services.exporters.tvm",),
 }
 
 LOG_TAIL_CHARS = 4000

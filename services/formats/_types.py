@@ -18,3 +18,4 @@ class Format(str, Enum):
     TORCH_EXPORT = "torch_export"
     OPENVINO_IR = "openvino_ir"
     TENSORRT_PLAN = "tensorrt_plan"
+    TVM_LIBRARY = "tvm_library"

@@ -43,6 +43,7 @@ ENGINES: dict[str, Engine] = {
         Engine("onnxruntime", ("onnxruntime", "onnx"), "onnxruntime", "ONNX Runtime; also runs the PyTorch importers"),
         Engine("openvino", ("openvino",), "openvino", "OpenVINO runtime, model conversion and NNCF"),
         Engine("tensorflow", ("tensorflow",), "tensorflow", "TensorFlow, Keras, TFLite and TF Serving exports"),
+        Engine("tvm", ("tvm",), "tvm", "Apache TVM: ONNX compiled to CPU (and cross-compiled CUDA) libraries"),
         *(Engine(f"tensorrt-{v}", ("tensorrt",), "tensorrt", desc) for v, desc in TENSORRT_VARIANTS.items()),
     )
 }

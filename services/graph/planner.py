@@ -345,6 +345,12 @@ def plan_routes(
             hint="Submit the ONNX (or framework) model the plan was built from.",
             source_format=source.value,
         )
+    if source is Format.TVM_LIBRARY:
+        raise NoRoute(
+            "a TVM library is compiled machine code and cannot be converted",
+            hint="Submit the ONNX (or framework) model the library was built from.",
+            source_format=source.value,
+        )
     chosen = _choose_routes(reg, source, spec, fallbacks)
     steps: dict[str, PlanStep] = {}
     order: list[str] = []

@@ -282,6 +282,14 @@ def _exporters() -> Iterable[Exporter]:
             precisions={F.ONNX: WITHOUT_INT4},
             artifact_format=F.TENSORRT_PLAN,
         ),
+        Exporter(
+            TargetName.TVM,
+            "tvm",
+            {F.ONNX: 1.5},
+            "services.exporters.tvm:export_tvm",
+            precisions={F.ONNX: frozenset({P.FP32, P.FP16})},
+            artifact_format=F.TVM_LIBRARY,
+        ),
     )
 
 

@@ -6,6 +6,7 @@ One root per server, so each server mounts a tree it can load whole (Triton's de
 - ``triton/``: onnxruntime, openvino and tensorrt models, each with its ``config.pbtxt``;
 - ``tfserving/``: SavedModels and ``models.config`` (TF Serving's ``model_config_list``);
 - ``tflite/``: ``.tflite`` files, for on-device runtimes (and OVMS);
+- ``tvm/``: TVM libraries (``model.so``, ``params.bin``, ``io.json``, a README per version);
 - ``ovms/``: ``config.json`` only. OVMS serves models from the other roots where they already
   are (IR, ONNX, SavedModel, TFLite), so nothing is stored twice.
 
@@ -33,8 +34,9 @@ __all__ = [
 ]
 
 TRITON_ROOT, TFSERVING_ROOT, TFLITE_ROOT, OVMS_ROOT = "triton", "tfserving", "tflite", "ovms"
+TVM_ROOT = "tvm"
 #: Every root a model can be published under.
-ROOTS = (TRITON_ROOT, TFSERVING_ROOT, TFLITE_ROOT)
+ROOTS = (TRITON_ROOT, TFSERVING_ROOT, TFLITE_ROOT, TVM_ROOT)
 TFSERVING_CONFIG = f"{TFSERVING_ROOT}/models.config"
 OVMS_CONFIG = f"{OVMS_ROOT}/config.json"
 
@@ -49,6 +51,8 @@ def server_root(target: str, serving: dict[str, Any]) -> str:
         return TRITON_ROOT
     if serving.get("tfserving") or target == "tfserving":
         return TFSERVING_ROOT
+    if serving.get("tvm") or target == "tvm":
+        return TVM_ROOT
     return TFLITE_ROOT
 
 

@@ -66,6 +66,7 @@ _RUNNERS: dict[Format, str] = {
     Format.TORCHSCRIPT: "services.runners.torch:TorchScriptRunner",
     Format.TORCH_EXPORT: "services.runners.torch:ExportedProgramRunner",
     Format.TENSORRT_PLAN: "services.runners.tensorrt:TensorRTRunner",
+    Format.TVM_LIBRARY: "services.runners.tvm:TvmRunner",
 }
 
 
