@@ -69,6 +69,7 @@ def test_tvm_compiles_within_tolerance(
     assert details["target"]["kind"] == "llvm" and details["target"]["mcpu"]
     weight_dtypes = set(details["params"]["dtypes"])
     assert ("float16" in weight_dtypes) is (precision == "fp16")  # fp16 weights are stored at fp16
+    assert any("tvm.tuning_trials" in w for w in manifest["warnings"])  # untuned is said so
     assert [b["batch_size"] for b in manifest["benchmark"]] == [1, 8]  # dynamic batch: 1 and 8
     assert all(b["p50_ms"] > 0 for b in manifest["benchmark"])
     io = json.loads((version / "io.json").read_text())

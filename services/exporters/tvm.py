@@ -89,6 +89,12 @@ def export_tvm(ctx: StepContext) -> Artifact:
         progress=ctx.progress,
     )
     warnings = []
+    if not ctx.spec.tvm.tuning_trials:
+        # Measured (docs/benchmarks.md): untuned, a 3-conv CNN at 64x64 ran 100x slower than onnxruntime.
+        warnings.append(
+            "untuned: TVM's default CPU schedules leave convolutions unvectorised and serial; set "
+            "tvm.tuning_trials (with static input shapes) for a library worth deploying"
+        )
     if "cuda" in details:
         warnings.append(
             f"{CUDA_LIBRARY} was cross-compiled for {ctx.spec.tvm.cuda_arch} and not run: parity and the benchmark "
