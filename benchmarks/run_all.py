@@ -25,6 +25,7 @@ SCRIPTS = (
     "bench_torch_sources.py",
     "bench_tensorrt_preflight.py",
     "bench_mnn.py",
+    "bench_tvm.py",
     "bench_service.py",  # needs Redis and PostgreSQL on loopback, and wrk
     "bench_dashboard.py",  # needs Redis and PostgreSQL on loopback, and wrk
 )

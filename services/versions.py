@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import platform
 from functools import cache
 from importlib import metadata
@@ -25,4 +26,8 @@ def tool_versions(engine: str) -> dict[str, str]:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             continue
+    engine_desc = registry().engines.get(family)
+    if engine_desc is not None and engine_desc.extra_versions:
+        module, _, func = engine_desc.extra_versions.partition(":")
+        out.update(getattr(importlib.import_module(module), func)())
     return out

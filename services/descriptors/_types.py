@@ -58,6 +58,10 @@ class EngineDescriptor:
     options: type[BaseModel] | None = None
     #: Spec fields from before ``options`` existed: top-level name -> field of ``options``.
     legacy_spec_fields: dict[str, str] = field(default_factory=dict)
+    #: "module:function"() -> {name: version} added to the engine's tool versions (cache keys and
+    #: manifests): what changes its steps' output besides packages, e.g. the CPU a library is compiled for.
+    #: Called on the worker; it must not import the engine SDK.
+    extra_versions: str | None = None
 
     def concrete(self) -> list[str]:
         """Return the concrete engine names: ``name`` itself, or ``name-<variant>`` for each variant."""

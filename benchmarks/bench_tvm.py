@@ -1,0 +1,118 @@
+"""TVM against onnxruntime on the same models: untuned, fp16 and MetaSchedule-tuned, as latency ratios.
+
+For each model (the tests' CNN and transformer block, and the wider ones bench_openvino.py
+times), optimised by Kiln's ONNX passes as the pipeline does before any target, at batch 1: onnxruntime (CPU EP, default graph optimisations) on the ONNX model, and
+the tvm target's CPU library built by ``services.tvm.build_libraries`` at fp32 untuned, fp16
+untuned, and fp32 tuned with ``--trials`` MetaSchedule trials (static batch-1 shapes). All
+runners are timed round-robin, so every engine sees the same machine load; the table gives
+p50 latencies and each TVM variant's p50 over onnxruntime's (below 1: TVM faster).
+
+    python benchmarks/bench_tvm.py [--trials 64] [--iterations 200] [--only cnn]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(HERE))
+
+
+def _build(onnx_path: Path, out: Path, *, fp16: bool, trials: int, shape: tuple[int, ...], name: str) -> float:
+    from services.spec import InputSpec
+    from services.tvm import TvmOptions, build_libraries
+
+    out.mkdir(parents=True)
+    started = time.monotonic()
+    build_libraries(
+        onnx_path,
+        out,
+        fp16=fp16,
+        options=TvmOptions(tuning_trials=trials),
+        spec_inputs={name: InputSpec(shape=list(shape))} if trials else {},
+        scratch=out.parent / f"{out.name}-scratch",
+    )
+    return time.monotonic() - started
+
+
+def _time_round_robin(runners: dict[str, Any], feed: dict[str, np.ndarray], iterations: int) -> dict[str, float]:
+    for r in runners.values():
+        for _ in range(10):
+            r.run(feed)
+    samples: dict[str, list[float]] = {k: [] for k in runners}
+    for _ in range(iterations):
+        for key, r in runners.items():
+            t = time.perf_counter()
+            r.run(feed)
+            samples[key].append((time.perf_counter() - t) * 1000)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--trials", type=int, default=64, help="MetaSchedule trials for the tuned library")
+    parser.add_argument("--iterations", type=int, default=200)
+    parser.add_argument("--only", help="benchmark only models whose label contains this")
+    args = parser.parse_args()
+    from bench_openvino import build_models
+
+    from services.formats import Format
+    from services.onnx_io import load_onnx, save_onnx
+    from services.passes import optimize_model
+    from services.runners import open_runner
+
+    print(f"cpus: {os.cpu_count()}, load average {os.getloadavg()[0]:.1f}, tuning trials {args.trials}\n")
+    print(
+        "| model | onnxruntime p50 ms | tvm fp32 p50 ms (ratio) | tvm fp16 (ratio) | tvm tuned fp32 (ratio) | build s untuned / tuned |"
+    )
+    print("|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory(prefix="kiln-bench-tvm-") as tmp:
+        for label, raw, shape in build_models(Path(tmp)):
+            if args.only and args.only not in label:
+                continue
+            optimized, _report = optimize_model(load_onnx(raw))
+            path = raw.with_name(raw.stem + "-optimized.onnx")
+            save_onnx(optimized, path)
+            ort = open_runner(Format.ONNX, path)
+            name = ort.inputs[0].name
+            builds = {}
+            folder = Path(tmp) / path.stem
+            builds["fp32"] = _build(path, folder / "fp32", fp16=False, trials=0, shape=shape, name=name)
+            builds["fp16"] = _build(path, folder / "fp16", fp16=True, trials=0, shape=shape, name=name)
+            builds["tuned"] = _build(path, folder / "tuned", fp16=False, trials=args.trials, shape=shape, name=name)
+            runners = {"ort": ort, **{k: open_runner(Format("tvm_library"), folder / k / "model.so") for k in builds}}
+            feed = {name: np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
+            ref = ort.run(feed)
+            for key in builds:  # a wrong library timed fast would be no result
+                got = runners[key].run(feed)
+                for out_name, value in ref.items():
+                    cos = float(np.dot(got[out_name].ravel(), value.ravel()))
+                    cos /= float(np.linalg.norm(got[out_name]) * np.linalg.norm(value)) or 1.0
+                    assert cos > 0.999, f"{label} {key}: cosine {cos}"
+            p50 = _time_round_robin(runners, feed, args.iterations)
+            cells = [f"{p50[k]:.3f} ({p50[k] / p50['ort']:.2f}x)" for k in ("fp32", "fp16", "tuned")]
+            print(
+                f"| {label} | {p50['ort']:.3f} | "
+                + " | ".join(cells)
+                + f" | {builds['fp32']:.1f} / {builds['tuned']:.1f} |",
+                flush=True,
+            )
+            for r in runners.values():
+                r.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

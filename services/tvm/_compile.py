@@ -1,0 +1,270 @@
+"""ONNX → Relax → ``tvm.compile``: the library, its weights and its I/O description.
+
+The layout a version holds (see :data:`LIBRARY`, :data:`PARAMS`, :data:`IO_FILE`):
+
+- ``model.so``: the Relax VM executable for the CPU (LLVM, the host's ``mcpu`` unless the spec
+  names one), its ``main`` taking the model's inputs then the weights;
+- ``params.bin``: the weights in TVM's parameter-dict format (``p0``, ``p1``, ... in ``main``'s
+  order), already transformed for ``main``: at fp16 they are stored at fp16;
+- ``io.json``: input and output names, dtypes and shapes (None for an open axis);
+- ``model_cuda.so`` (with ``cuda_arch``): the same graph for a CUDA GPU, cross-compiled here;
+- ``README.md``: how to load it.
+
+Weights leave the graph (``keep_params_in_input``) and ``LiftTransformParams`` moves whatever
+depends on weights alone (transposes, fp16 casts) into ``main_transform_params``, run once
+here, so ``main`` does no per-call weight work. fp16 is Relax's ``ToMixedPrecision``: conv2d
+and matmul compute in fp16 and accumulate in fp32; inputs and outputs stay fp32.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from services.errors import ConversionFailed, EngineUnavailable, InvalidSpec
+from services.runners.base import TensorSpec
+from services.descriptors.tvm import TvmOptions
+
+__all__ = [
+    "CUDA_LIBRARY",
+    "IO_FILE",
+    "LIBRARY",
+    "PARAMS",
+    "README",
+    "build_libraries",
+    "cpu_target",
+    "import_tvm",
+    "onnx_io",
+]
+
+LIBRARY = "model.so"
+CUDA_LIBRARY = "model_cuda.so"
+PARAMS = "params.bin"
+IO_FILE = "io.json"
+README = "README.md"
+
+_ONNX_DTYPES = {1: "float32", 10: "float16", 11: "float64", 16: "bfloat16", 2: "uint8", 3: "int8", 5: "int16"}
+_ONNX_DTYPES |= {6: "int32", 7: "int64", 9: "bool", 4: "uint16", 12: "uint32", 13: "uint64"}
+
+
+def import_tvm() -> Any:
+    """Return the ``tvm`` module; ENGINE_UNAVAILABLE with the install hint when it is missing."""
+    try:
+        import tvm
+    except ImportError as exc:
+        raise EngineUnavailable(
+            f"TVM is not installed here: {exc}",
+            hint="Install Kiln's `tvm` extra (apache-tvm with apache-tvm-ffi 0.1.14.post1) or run the tvm worker.",
+        ) from exc
+    return tvm
+
+
+def onnx_io(model: Any) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """Return an ONNX model's graph inputs (initializers excluded) and outputs."""
+    inits = {i.name for i in model.graph.initializer}
+
+    def spec(v: Any) -> TensorSpec:
+        t = v.type.tensor_type
+        dims = tuple(d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in t.shape.dim)
+        return TensorSpec(v.name, _ONNX_DTYPES.get(t.elem_type, str(t.elem_type)), dims)
+
+    return [spec(v) for v in model.graph.input if v.name not in inits], [spec(v) for v in model.graph.output]
+
+
+def cpu_target(options: TvmOptions, *, for_tuning: bool = False) -> Any:
+    """Return the LLVM target: the spec's ``mcpu`` or this host's CPU as LLVM detects it."""
+    tvm = import_tvm()
+    mcpu = options.mcpu or tvm.target.codegen.llvm_get_system_cpu()
+    config: dict[str, Any] = {"kind": "llvm", "mcpu": mcpu}
+    if for_tuning:  # MetaSchedule sizes its parallel loops by the core count the target declares
+        config["num-cores"] = os.cpu_count() or 1
+    try:
+        return tvm.target.Target(config)
+    except Exception as exc:
+        raise InvalidSpec(
+            f"LLVM does not know the CPU {mcpu!r}: {exc}", hint="Give options.tvm.mcpu as `llc -mcpu=help` lists it."
+        ) from exc
+
+
+def _static_shapes(inputs: list[TensorSpec], spec_inputs: dict[str, Any]) -> dict[str, list[int]]:
+    """Return every input's shape with open axes closed from the spec (``shape``, else ``opt``)."""
+    shapes: dict[str, list[int]] = {}
+    for t in inputs:
+        given = spec_inputs.get(t.name)
+        fixed = (given.shape or given.opt) if given is not None else None
+        dims = list(t.shape)
+        if fixed is not None and len(fixed) == len(dims):
+            dims = [d if d is not None else (f if f > 0 else None) for d, f in zip(dims, fixed, strict=True)]
+        if any(d is None for d in dims):
+            raise InvalidSpec(
+                f"MetaSchedule tuning needs static shapes; input {t.name!r} has open axes {list(t.shape)}",
+                hint=f'Give inputs.{t.name}.shape (e.g. {{"shape": [1, ...]}}) or set options.tvm.tuning_trials to 0.',
+                field=f"inputs.{t.name}",
+            )
+        shapes[t.name] = [int(d) for d in dims if d is not None]
+    return shapes
+
+
+def _relax_module(onnx_model: Any, shape_dict: dict[str, list[int]] | None, fp16: bool) -> tuple[Any, list[Any]]:
+    """Return the Relax module (``main`` + ``main_transform_params``) and the raw weights."""
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+
+    mod = from_onnx(onnx_model, shape_dict=shape_dict, keep_params_in_input=True)
+    mod, params = relax.frontend.detach_params(mod)
+    weights = list(params.get("main", []))
+    n_inputs = len(mod["main"].params) - len(weights)
+    mod["main"] = mod["main"].with_attr("num_input", n_inputs)
+    if fp16:
+        mod = relax.transform.ToMixedPrecision(out_dtype="float32")(mod)
+    mod = relax.transform.LiftTransformParams()(mod)
+    return mod, weights
+
+
+def _fused(mod: Any, target: Any) -> Any:
+    import tvm
+    from tvm import relax
+
+    passes = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern()]
+    passes += [relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
+    with target, tvm.transform.PassContext(opt_level=3):
+        return tvm.transform.Sequential(passes)(mod)
+
+
+def _nvcc_check(library: Any, arch: str, scratch: Path) -> dict[str, Any]:
+    """Compile the CUDA library's kernels with nvcc for ``arch``; return what it built (skipped without nvcc)."""
+    nvcc = shutil.which("nvcc")
+    cuda = [m for m in library.imports[0].imports if m.kind == "cuda"] if library.imports else []
+    if not cuda:
+        raise ConversionFailed("the CUDA build holds no CUDA module", tool="tvm.compile")
+    # The module built without a CUDA driver keeps CUDA C (compiled by NVRTC when loaded on a GPU);
+    # it answers the source under its own format name, which is the empty one in TVM 0.27.
+    source = cuda[0].inspect_source("cu") or cuda[0].inspect_source("")
+    kernels = source.count('extern "C" __global__')
+    if nvcc is None:
+        return {"kernels": kernels, "nvcc": None, "checked": False}
+    cu = scratch / "kernels.cu"
+    cu.write_text(source)
+    cubin = scratch / "kernels.cubin"
+    proc = subprocess.run(
+        [nvcc, "--cubin", f"-arch={arch}", "-o", str(cubin), str(cu)], capture_output=True, text=True, timeout=600
+    )
+    if proc.returncode != 0:
+        raise ConversionFailed(
+            f"nvcc cannot compile the CUDA kernels TVM generated for {arch}",
+            tool="nvcc",
+            output=(proc.stderr or proc.stdout)[-4000:],
+        )
+    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    return {"kernels": kernels, "nvcc": version, "checked": True, "cubin_bytes": cubin.stat().st_size}
+
+
+def _faster(
+    tuned: Any, tuned_weights: list[Any], default: Any, default_weights: list[Any], inputs: list[TensorSpec]
+) -> tuple[str, dict[str, Any]]:
+    """Return which library runs faster ("tuned" or "default") and the medians, timed call by call."""
+    import time
+
+    import numpy as np
+    import tvm
+
+    rng = np.random.default_rng(0)
+    feeds = [
+        tvm.runtime.tensor(rng.standard_normal([d or 1 for d in t.shape]).astype(t.dtype))
+        if np.dtype(t.dtype).kind == "f"
+        else tvm.runtime.tensor(np.zeros([d or 1 for d in t.shape], dtype=t.dtype))
+        for t in inputs
+    ]
+    runs = {"tuned": (tuned["main"], tuned_weights), "default": (default["main"], default_weights)}
+    samples: dict[str, list[float]] = {k: [] for k in runs}
+    for round_ in range(25):
+        for key, (main, weights) in runs.items():
+            started = time.perf_counter()
+            main(*feeds, *weights)
+            if round_ >= 5:  # the first rounds warm caches and the thread pool
+                samples[key].append(time.perf_counter() - started)
+    medians = {k: float(np.median(v)) * 1000 for k, v in samples.items()}
+    kept = "tuned" if medians["tuned"] <= medians["default"] else "default"
+    return kept, {"tuned_ms": round(medians["tuned"], 4), "default_ms": round(medians["default"], 4), "kept": kept}
+
+
+def build_libraries(
+    onnx_path: Path,
+    out_dir: Path,
+    *,
+    fp16: bool,
+    options: TvmOptions,
+    spec_inputs: dict[str, Any],
+    scratch: Path,
+    progress: Callable[[str], None] = lambda _m: None,
+) -> dict[str, Any]:
+    """Write model.so, params.bin, io.json (and model_cuda.so) into ``out_dir``; return engine details."""
+    tvm = import_tvm()
+    import onnx
+    from tvm import relax
+
+    model = onnx.load(str(onnx_path))
+    inputs, outputs = onnx_io(model)
+    shape_dict = _static_shapes(inputs, spec_inputs) if options.tuning_trials else None
+    target = cpu_target(options, for_tuning=bool(options.tuning_trials))
+    details: dict[str, Any] = {
+        "target": {"kind": "llvm", "mcpu": str(target.attrs["mcpu"])},
+        "precision": {"mixed_precision": "fp16 compute, fp32 accumulate", "io": "float32"} if fp16 else "fp32",
+        "weights": PARAMS,
+    }
+    try:
+        progress("importing ONNX into Relax")
+        base, weights = _relax_module(model, shape_dict, fp16)
+        mod = base
+        if shape_dict is not None:  # tuning asked for: shapes closed above
+            from services.tvm._tuning import tune_module
+
+            progress(f"tuning with MetaSchedule ({options.tuning_trials} trials)")
+            mod, summary = tune_module(_fused(base, target), target, options.tuning_trials, scratch / "tuning")
+            details["tuning"] = {**summary, "static_shapes": shape_dict}
+            inputs = [TensorSpec(t.name, t.dtype, tuple(shape_dict[t.name])) for t in inputs]
+        progress(f"compiling for {details['target']['mcpu']}")
+        executable = tvm.compile(mod, target=target)
+        vm = relax.VirtualMachine(executable, tvm.cpu())
+        transformed = list(vm["main_transform_params"](weights))
+        if shape_dict is not None:
+            # A small budget can pick schedules slower than TVM's defaults (measured: 64 trials made a
+            # transformer block 1.4x slower); keep whichever library is faster on these shapes.
+            default_exec = tvm.compile(base, target=target)
+            default_vm = relax.VirtualMachine(default_exec, tvm.cpu())
+            default_weights = list(default_vm["main_transform_params"](weights))
+            kept, timing = _faster(vm, transformed, default_vm, default_weights, inputs)
+            details["tuning"]["speed_check"] = timing
+            if kept == "default":
+                progress("TVM's default schedules are faster than the tuned ones: keeping them")
+                executable, transformed = default_exec, default_weights
+        executable.export_library(str(out_dir / LIBRARY))
+        blob = tvm.runtime.save_param_dict({f"p{i}": w for i, w in enumerate(transformed)})
+        (out_dir / PARAMS).write_bytes(bytes(blob))
+        details["params"] = {"count": len(transformed), "dtypes": sorted({str(w.dtype) for w in transformed})}
+        if options.cuda_arch:
+            progress(f"cross-compiling for CUDA {options.cuda_arch}")
+            cuda_target = tvm.target.Target({"kind": "cuda", "arch": options.cuda_arch}, host={"kind": "llvm"})
+            cuda_lib = tvm.compile(base, target=cuda_target)  # GPU kernels get TVM's default GPU schedules
+            cuda_lib.export_library(str(out_dir / CUDA_LIBRARY))
+            check = _nvcc_check(cuda_lib.mod, options.cuda_arch, scratch)
+            details["cuda"] = {"library": CUDA_LIBRARY, "arch": options.cuda_arch, "run_by_kiln": False, **check}
+    except (ConversionFailed, InvalidSpec, EngineUnavailable):
+        raise
+    except Exception as exc:
+        hint = None
+        if "must have the same datatype" in str(exc):
+            # TVM 0.27's ONNX frontend folds a Shape -> Cast -> Sqrt chain (an attention scale) into a
+            # float64 scalar and then refuses float32 / float64; Kiln's constant folding removes the chain.
+            hint = "Compile with optimize: true (the default) so Kiln folds shape arithmetic before TVM imports it."
+        raise ConversionFailed(
+            f"TVM cannot compile the model: {exc}", hint=hint, tool="tvm.relax", output=str(exc)[-4000:]
+        ) from exc
+    io = {"inputs": [t.to_dict() for t in inputs], "outputs": [t.to_dict() for t in outputs]}
+    (out_dir / IO_FILE).write_text(json.dumps(io, indent=2) + "\n")
+    return details
