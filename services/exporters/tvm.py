@@ -10,12 +10,12 @@ version folder carries a README on loading it (layout in :mod:`services.tvm._com
 from __future__ import annotations
 
 from services.artifacts import Artifact
+from services.descriptors.tvm import TvmOptions
 from services.errors import ConversionFailed
 from services.exporters._common import finish_export
 from services.formats import Format
 from services.pipeline.context import StepContext
 from services.spec import Precision
-from services.descriptors.tvm import TvmOptions
 from services.tvm import CUDA_LIBRARY, IO_FILE, LIBRARY, PARAMS, README, build_libraries
 from services.versions import tool_versions
 

@@ -1,5 +1,6 @@
 """Apache TVM: ONNX → Relax → a native library for the CPU (and, cross-compiled, for CUDA)."""
 
+from services.descriptors.tvm import TvmOptions
 from services.tvm._compile import (
     CUDA_LIBRARY,
     IO_FILE,
@@ -12,7 +13,6 @@ from services.tvm._compile import (
     onnx_io,
 )
 from services.tvm.host import cpu_fingerprint
-from services.descriptors.tvm import TvmOptions
 
 __all__ = [
     "CUDA_LIBRARY",

@@ -26,9 +26,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from services.descriptors.tvm import TvmOptions
 from services.errors import ConversionFailed, EngineUnavailable, InvalidSpec
 from services.runners.base import TensorSpec
-from services.descriptors.tvm import TvmOptions
 
 __all__ = [
     "CUDA_LIBRARY",
