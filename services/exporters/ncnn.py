@@ -28,18 +28,19 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from services.artifacts import Artifact
-from services.errors import ConversionFailed, EngineUnavailable, Timeout
+from services.errors import ConversionFailed, EngineUnavailable, SourceUnreadable, Timeout
 from services.exporters._common import finish_export
 from services.formats import Format
 from services.pipeline.context import StepContext
 from services.pipeline.reference import ReferenceData, load_reference
-from services.runners.ncnn import FP16_OPTIONS, FP32_OPTIONS, sidecar_path
+from services.runners.ncnn import FP16_OPTIONS, FP32_OPTIONS, NcnnRunner, sidecar_path
 from services.spec import Precision
 
 __all__ = [
@@ -87,12 +88,23 @@ def pnnx_binary() -> Path:
     raise EngineUnavailable("the pnnx converter is not installed here", hint=_INSTALL_HINT)
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child before exec
-    """Have Linux kill pnnx when the step's process dies (a cancelled or timed-out step)."""
+def _death_signal() -> Callable[[], None] | None:
+    """Return a pre-exec hook that has Linux kill pnnx when the step's process dies, or None elsewhere.
+
+    prctl is looked up here, in the parent: between fork and exec the hook only calls it (no
+    dlopen, no import), which is what is safe in a process that has other threads.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def hook() -> None:  # pragma: no cover - runs in the forked child
+        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: a cancelled or killed step takes pnnx with it
+
+    return hook
 
 
 def _tail(text: str, lines: int = 20) -> str:
@@ -134,7 +146,7 @@ def run_pnnx(
     cmd = [str(exe), str(model), *args, *(f"{k}={work / v}" for k, v in outputs.items())]
     log = work / "pnnx.log"
     started = time.perf_counter()
-    preexec = _die_with_parent if sys.platform.startswith("linux") else None
+    preexec = _death_signal()
     try:
         with log.open("w") as out:
             proc = subprocess.run(
@@ -275,6 +287,15 @@ def export_ncnn(ctx: StepContext) -> Artifact:
         **blobs,
     }
     (ctx.out_dir / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    try:  # what pnnx wrote must load: a failure here is the converter's, not the user's file
+        NcnnRunner(ctx.out_dir / PARAM_FILE).close()
+    except SourceUnreadable as exc:
+        raise ConversionFailed(
+            f"ncnn cannot load what pnnx wrote: {exc.message}",
+            hint="pnnx emitted a layer or weights this ncnn cannot read; the pnnx log tail is in the details.",
+            tool=TOOL,
+            output_tail=ran["log_tail"],
+        ) from exc
     details = {
         "converter": TOOL,
         **ran,
