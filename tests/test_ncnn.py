@@ -234,3 +234,40 @@ def test_operators_pnnx_left_unconverted_are_named(tmp_path) -> None:
         "torch.fft.fft fft_0 1 1 1 out0\n"
     )
     assert unconverted_layers(param) == ["pnnx.Expression", "torch.fft.fft"]
+
+
+# --------------------------------------------------------------------------- the service: a queue for ncnn
+
+
+def test_the_service_runs_ncnn_steps_on_the_ncnn_queue(sources, tmp_path) -> None:
+    """`kiln serve` (embedded broker) serves kiln.ncnn beside the other engines; a job's export runs there."""
+    import io
+    import tarfile
+
+    import httpx
+    from jobs_support import Proc, free_port, service_env, submit, wait_http, wait_job, wait_workers
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = Proc(
+        ["serve", "--port", str(port), "--repo", str(tmp_path / "repo")],
+        service_env(cache_dir=tmp_path / "cache"),
+        tmp_path / "serve.log",
+    )
+    try:
+        wait_http(f"{base}/healthz", proc=proc)
+        wait_workers(base, {"onnxruntime", "ncnn"}, procs=[proc])
+        spec = {"targets": ["ncnn"], "precision": "fp16", "benchmark": False, "validation": {"samples": 4}}
+        job = wait_job(base, submit(base, sources[("cnn", "onnx")], spec).json()["id"])
+        assert job["status"] == "succeeded", job
+        steps = {s["id"]: s for s in job["steps"]}
+        assert steps["export:ncnn"]["queue"] == "kiln.ncnn" and steps["publish:ncnn"]["queue"] == "kiln.ncnn"
+        assert steps["reference"]["queue"] == "kiln.onnxruntime"
+        target = job["targets"]["ncnn"]
+        assert target["parity"]["passed"] and target["published"]["version"] == 1
+        tar = httpx.get(f"{base}{target['download_url']}", timeout=30).content
+        with tarfile.open(fileobj=io.BytesIO(tar)) as tf:
+            names = {m.name.rsplit("/", 1)[-1] for m in tf.getmembers() if m.isfile()}
+        assert {"model.ncnn.param", "model.ncnn.bin", "model.ncnn.json"} <= names
+    finally:
+        proc.stop()
