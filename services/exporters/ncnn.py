@@ -160,6 +160,9 @@ def run_pnnx(
             output_tail=_tail(log.read_text(errors="replace")),
         ) from None
     text = log.read_text(errors="replace")
+    # Into the step's own output too, which is the job's log (the tail alone reaches the manifest).
+    sys.stderr.write(f"pnnx: {' '.join([exe.name, model.name, *args])}\n{text.rstrip()}\n")
+    sys.stderr.flush()
     param, weights = work / PARAM_FILE, work / BIN_FILE
     if proc.returncode != 0 or not param.is_file() or not weights.is_file():
         last = text.strip().splitlines()[-1] if text.strip() else f"exit status {proc.returncode}"
