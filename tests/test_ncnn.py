@@ -229,11 +229,12 @@ def test_pnnx_failure_and_timeout_are_kiln_errors(tmp_path) -> None:
 def test_operators_pnnx_left_unconverted_are_named(tmp_path) -> None:
     param = tmp_path / "m.param"
     param.write_text(
-        "7767517\n3 3\nInput in0 0 1 in0\n"
+        "7767517\n4 4\nInput in0 0 1 in0\n"
         "pnnx.Expression expr_0 1 1 in0 1 0=add(@0,1)\n"
-        "torch.fft.fft fft_0 1 1 1 out0\n"
+        "Pad pad_0 1 1 1 2 0=1\n"
+        "torch.fft.fft fft_0 1 1 2 out0\n"
     )
-    assert unconverted_layers(param) == ["pnnx.Expression", "torch.fft.fft"]
+    assert unconverted_layers(param) == ["Pad", "pnnx.Expression", "torch.fft.fft"]  # ncnn's layer is Padding
 
 
 # --------------------------------------------------------------------------- the service: a queue for ncnn

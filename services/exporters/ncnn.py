@@ -189,12 +189,15 @@ def run_pnnx(
 def unconverted_layers(param: Path) -> list[str]:
     """Return the layer types in an ncnn .param that ncnn cannot run: operators pnnx left as they were.
 
-    ncnn's layer types are bare words (``Convolution``, ``Gemm``); pnnx writes what it could not
-    lower under its own or torch's names (``pnnx.Expression``, ``torch.xxx``, ``F.xxx``).
+    pnnx writes what it could not lower under its own or torch's names (``pnnx.Expression``,
+    ``torch.xxx``, ``F.xxx``) or under the ONNX op's (``Pad`` where ncnn's layer is ``Padding``);
+    ncnn's own registry (``layer_to_index``) knows which names are its layers.
     """
+    import ncnn
+
     lines = param.read_text().splitlines()[2:]  # magic number, then the layer and blob counts
     kinds = {line.split()[0] for line in lines if line.strip()}
-    return sorted(k for k in kinds if not k.isidentifier())
+    return sorted(k for k in kinds if not k.isidentifier() or ncnn.layer_to_index(k) < 0)
 
 
 def pnnx_input_shapes(ref: ReferenceData) -> list[str]:
