@@ -51,6 +51,7 @@ __all__ = [
     "export_ncnn",
     "pnnx_binary",
     "pnnx_input_shapes",
+    "pnnx_readable_onnx",
     "run_pnnx",
     "unconverted_layers",
 ]
@@ -61,6 +62,8 @@ META_FILE = sidecar_path(Path(PARAM_FILE)).name
 TOOL = "pnnx"
 #: A conversion of a model Kiln can validate takes seconds; a hung pnnx is killed after this.
 PNNX_TIMEOUT_SECONDS = 1200.0
+#: The newest ONNX IR version pnnx's embedded onnxruntime reads ("max supported IR version: 13").
+PNNX_MAX_IR_VERSION = 13
 #: ncnn Mats hold at most 4 axes per sample, so inputs have at most 5 with the batch axis.
 MAX_RANK = 5
 #: pnnx's dtype suffixes for ``inputshape`` (it traces at these dtypes).
@@ -244,6 +247,27 @@ def _traced_shapes(path: Path, ours: list[str]) -> list[str] | None:
     return items if items != ours else None
 
 
+def pnnx_readable_onnx(src: Path, scratch: Path) -> tuple[Path, str | None]:
+    """Return an ONNX file pnnx can open: ``src``, or a copy stamped with IR version 13 when ``src``'s is newer.
+
+    onnx >= 1.23 writes IR version 14, which pnnx's onnxruntime refuses outright; the version
+    says which format features a file may use, and a model that uses none added after 13 reads
+    the same at 13 (one that does fails in pnnx, as before). Returns the note for the manifest.
+    """
+    from services.onnx_io import load_onnx, save_onnx
+
+    header = load_onnx(src, load_external_data=False)
+    if header.ir_version <= PNNX_MAX_IR_VERSION:
+        return src, None
+    model = load_onnx(src)
+    note = f"ONNX IR version {model.ir_version} stamped {PNNX_MAX_IR_VERSION} for pnnx (its onnxruntime reads up to 13)"
+    model.ir_version = PNNX_MAX_IR_VERSION
+    scratch.mkdir(parents=True, exist_ok=True)
+    dst = scratch / "model.onnx"
+    save_onnx(model, dst)
+    return dst, note
+
+
 def _blob_map(ref: ReferenceData) -> dict[str, list[dict[str, Any]]]:
     """Return the sidecar's inputs and outputs: source name, pnnx blob, per-sample shape at batch None."""
     first_in, first_out = ref.inputs[0], ref.outputs[0]
@@ -270,7 +294,12 @@ def export_ncnn(ctx: StepContext) -> Artifact:
         traced = _traced_shapes(ctx.model.path, shapes)
         if traced is not None:
             shapes, shapes2 = traced, shapes
-    param, weights, ran = run_pnnx(ctx.model.path, ctx.scratch / "pnnx", shapes, fp16=fp16, input_shapes2=shapes2)
+    model, ir_note = ctx.model.path, None
+    if Format(ctx.model.kind) is Format.ONNX:
+        model, ir_note = pnnx_readable_onnx(model, ctx.scratch / "pnnx-input")
+    param, weights, ran = run_pnnx(model, ctx.scratch / "pnnx", shapes, fp16=fp16, input_shapes2=shapes2)
+    if ir_note:
+        ran["onnx_ir"] = ir_note
     leftover = unconverted_layers(param)
     if leftover:
         raise ConversionFailed(

@@ -101,7 +101,9 @@ class NcnnRunner(ModelRunner):
             with self.net.create_extractor() as ex:
                 for name, blob in self._in_blobs.items():
                     sample = np.ascontiguousarray(np.asarray(feeds[name])[i], dtype=np.float32)
-                    if ex.input(blob, Mat(sample)) != 0:
+                    # clone(): ncnn's x86 kernels use aligned AVX loads; numpy's buffer is only 16-byte
+                    # aligned, and a Mat over it segfaulted in an elementwise layer (EfficientNetV2).
+                    if ex.input(blob, Mat(sample).clone()) != 0:
                         raise ConversionFailed(f"ncnn refused input blob {blob} ({name}) of shape {sample.shape}")
                 for k, (name, blob, shape) in enumerate(self._out_blobs):
                     status, mat = ex.extract(blob)
