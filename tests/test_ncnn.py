@@ -213,7 +213,42 @@ def test_inputs_reach_ncnn_in_its_own_aligned_memory(ncnn_store, repository, tmp
     assert target.parity["outputs"][0]["max_abs"] < 1e-6
     # onnx 1.23 writes IR version 14, which pnnx's onnxruntime refuses: Kiln hands it a copy stamped 13.
     ncnn_details = result.steps["export:ncnn"].meta["engine_details"]["ncnn"]
-    assert ncnn_details["onnx_ir"].startswith("ONNX IR version 14 stamped 13")
+    assert ncnn_details["onnx_rewrites"][0].startswith("ONNX IR version 14 stamped 13")
+
+
+def test_a_pad_without_its_mode_attribute_is_lowered(ncnn_store, repository, tmp_path) -> None:
+    """tf2onnx writes Keras' ZeroPadding2D as a Pad on NHWC with mode left to its default, which pnnx keeps as 'Pad'."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Pad", ["x", "pads"], ["p"]),
+            helper.make_node("Transpose", ["p"], ["t"], perm=[0, 3, 1, 2]),
+            helper.make_node("Conv", ["t", "w"], ["y"]),
+        ],
+        "zero-padding",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8, 8, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 9, 9])],
+        [
+            numpy_helper.from_array(np.array([0, 1, 1, 0, 0, 2, 2, 0], np.int64), "pads"),
+            numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    src = tmp_path / "pad.onnx"
+    onnx.save(model, src)
+    result = compile_model(src, _spec("fp32", optimize=False), store=ncnn_store, repository=repository)
+    target = result.targets["ncnn"]
+    assert target.status == "succeeded", target.error
+    assert target.parity["outputs"][0]["max_abs"] < 1e-4
+    details = result.steps["export:ncnn"].meta["engine_details"]["ncnn"]
+    assert details["onnx_rewrites"] == [
+        "mode=constant (ONNX's default) written on 1 Pad node(s), which pnnx lowers only so"
+    ]
+    assert "Padding" in (_version_dir(result) / "model.ncnn.param").read_text()
 
 
 # --------------------------------------------------------------------------- refusals and failures

@@ -247,25 +247,54 @@ def _traced_shapes(path: Path, ours: list[str]) -> list[str] | None:
     return items if items != ours else None
 
 
-def pnnx_readable_onnx(src: Path, scratch: Path) -> tuple[Path, str | None]:
-    """Return an ONNX file pnnx can open: ``src``, or a copy stamped with IR version 13 when ``src``'s is newer.
+def _pads_without_mode(graph: Any, rewrite: bool) -> int:
+    """Count (and with ``rewrite``, fix) the Pad nodes that leave ``mode`` to its default.
 
-    onnx >= 1.23 writes IR version 14, which pnnx's onnxruntime refuses outright; the version
-    says which format features a file may use, and a model that uses none added after 13 reads
-    the same at 13 (one that does fails in pnnx, as before). Returns the note for the manifest.
+    ONNX's default is ``constant``, but pnnx lowers a Pad to ncnn's Padding only when the
+    attribute is written out; without it pnnx keeps ``Pad``, a layer ncnn does not have
+    (tf2onnx writes Keras' ZeroPadding2D that way: ResNet50, DenseNet121, MobileNetV3).
+    """
+    from onnx import helper
+
+    missing = [
+        n
+        for n in graph.node
+        if n.op_type == "Pad" and n.domain in ("", "ai.onnx") and not any(a.name == "mode" for a in n.attribute)
+    ]
+    if rewrite:
+        for node in missing:
+            node.attribute.append(helper.make_attribute("mode", "constant"))
+    return len(missing)
+
+
+def pnnx_readable_onnx(src: Path, scratch: Path) -> tuple[Path, list[str]]:
+    """Return an ONNX file pnnx can open and lower whole: ``src``, or a rewritten copy; and what was changed.
+
+    - onnx >= 1.23 writes IR version 14, which pnnx's onnxruntime refuses outright; the version
+      says which format features a file may use, and a model that uses none added after 13
+      reads the same at 13 (one that does fails in pnnx, as before);
+    - Pads get their default ``mode`` written out (see _pads_without_mode).
     """
     from services.onnx_io import load_onnx, save_onnx
 
     header = load_onnx(src, load_external_data=False)
-    if header.ir_version <= PNNX_MAX_IR_VERSION:
-        return src, None
+    new_ir = header.ir_version > PNNX_MAX_IR_VERSION
+    if not new_ir and not _pads_without_mode(header.graph, rewrite=False):
+        return src, []
     model = load_onnx(src)
-    note = f"ONNX IR version {model.ir_version} stamped {PNNX_MAX_IR_VERSION} for pnnx (its onnxruntime reads up to 13)"
-    model.ir_version = PNNX_MAX_IR_VERSION
+    notes = []
+    if new_ir:
+        notes.append(
+            f"ONNX IR version {model.ir_version} stamped {PNNX_MAX_IR_VERSION} for pnnx (its onnxruntime reads up to 13)"
+        )
+        model.ir_version = PNNX_MAX_IR_VERSION
+    pads = _pads_without_mode(model.graph, rewrite=True)
+    if pads:
+        notes.append(f"mode=constant (ONNX's default) written on {pads} Pad node(s), which pnnx lowers only so")
     scratch.mkdir(parents=True, exist_ok=True)
     dst = scratch / "model.onnx"
     save_onnx(model, dst)
-    return dst, note
+    return dst, notes
 
 
 def _blob_map(ref: ReferenceData) -> dict[str, list[dict[str, Any]]]:
@@ -294,12 +323,13 @@ def export_ncnn(ctx: StepContext) -> Artifact:
         traced = _traced_shapes(ctx.model.path, shapes)
         if traced is not None:
             shapes, shapes2 = traced, shapes
-    model, ir_note = ctx.model.path, None
+    model: Path = ctx.model.path
+    rewrites: list[str] = []
     if Format(ctx.model.kind) is Format.ONNX:
-        model, ir_note = pnnx_readable_onnx(model, ctx.scratch / "pnnx-input")
+        model, rewrites = pnnx_readable_onnx(model, ctx.scratch / "pnnx-input")
     param, weights, ran = run_pnnx(model, ctx.scratch / "pnnx", shapes, fp16=fp16, input_shapes2=shapes2)
-    if ir_note:
-        ran["onnx_ir"] = ir_note
+    if rewrites:
+        ran["onnx_rewrites"] = rewrites
     leftover = unconverted_layers(param)
     if leftover:
         raise ConversionFailed(
