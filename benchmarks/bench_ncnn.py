@@ -19,6 +19,8 @@ against onnxruntime's batched kernels.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import platform
@@ -116,7 +118,8 @@ def _compile(src: Path, targets: list[str], precision: str, store: Any, repo_dir
     from services.spec import load_spec
 
     spec = load_spec({"targets": targets, "precision": precision, "name": "m", "benchmark": False})
-    result = compile_model(src, spec, store=store, repository=LocalModelRepository(repo_dir))
+    with contextlib.redirect_stderr(io.StringIO()):  # pnnx's output; the tables go to stdout
+        result = compile_model(src, spec, store=store, repository=LocalModelRepository(repo_dir))
     out = {}
     for t in targets:
         target = result.targets[t]
