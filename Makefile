@@ -3,7 +3,7 @@
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
-EXTRAS := onnxruntime,openvino,tensorflow,torch,paddle,mnn,mindspore,service,dev
+EXTRAS := onnxruntime,openvino,tensorflow,torch,paddle,mnn,mindspore,ncnn,service,dev
 
 .PHONY: setup demo test lint typecheck lock benchmarks smoke clean
 

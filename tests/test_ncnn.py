@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from engine_contract import ExporterContract, RunnerContract
 from jobs_support import KILN_CMD
 from models import assert_parity_passed, export_onnx, tiny_cnn_module, tiny_transformer_module
 
@@ -333,3 +334,34 @@ def test_the_service_runs_ncnn_steps_on_the_ncnn_queue(sources, tmp_path) -> Non
         assert {"model.ncnn.param", "model.ncnn.bin", "model.ncnn.json"} <= names
     finally:
         proc.stop()
+
+
+# --------------------------------------------------------------------------- the engine contract (tests/engine_contract.py)
+
+
+class TestNcnnRunner(RunnerContract):
+    fmt = "ncnn"
+
+    @pytest.fixture
+    def model(self, onnx_model: Path, tmp_path: Path) -> Path:
+        from services.runners.ncnn import FP32_OPTIONS
+
+        param, weights, _ = run_pnnx(onnx_model, tmp_path / "pnnx", ["[1,4]f32", "[1,4]f32"], fp16=False)
+        meta = {
+            "param": param.name,
+            "bin": weights.name,
+            "options": FP32_OPTIONS,
+            "inputs": [
+                {"name": n, "blob": f"in{i}", "dtype": "float32", "shape": [None, 4]} for i, n in enumerate("xy")
+            ],
+            "outputs": [
+                {"name": n, "blob": f"out{i}", "dtype": "float32", "shape": [None, 4]}
+                for i, n in enumerate(("z_sum", "a_prod"))
+            ],
+        }
+        param.with_suffix(".json").write_text(json.dumps(meta))
+        return param
+
+
+class TestNcnnExporter(ExporterContract):
+    target = "ncnn"

@@ -375,7 +375,7 @@ def export_ncnn(ctx: StepContext) -> Artifact:
     }
     return finish_export(
         ctx,
-        fmt=Format.NCNN,
+        fmt=Format("ncnn"),
         entry=PARAM_FILE,
         precision=precision,
         serving={"ncnn": {"param": PARAM_FILE, "bin": BIN_FILE, "blobs": META_FILE}},
