@@ -3,7 +3,7 @@
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
-EXTRAS := onnxruntime,openvino,tensorflow,torch,paddle,mnn,mindspore,tvm,service,dev
+EXTRAS := onnxruntime,openvino,tensorflow,torch,paddle,mnn,mindspore,ncnn,tvm,service,dev
 
 .PHONY: setup demo test lint typecheck lock benchmarks smoke clean
 

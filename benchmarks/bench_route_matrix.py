@@ -10,7 +10,7 @@ tfserving at fp32, with parity against the source framework. A cell passes when 
 target succeeded; the table says which route built it (1 = the first choice, 2+ = a
 fallback) and names the error of a cell that failed.
 
-    .venv/bin/python benchmarks/bench_route_matrix.py [--only NAME ...] [--out results.json]
+    .venv/bin/python benchmarks/bench_route_matrix.py [--only NAME ...] [--targets T ...] [--out results.json]
 
 Nothing is downloaded. Every model is built fresh in a temporary directory with a fresh
 artifact store, so nothing comes from an earlier run's cache.
@@ -228,7 +228,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", help="substrings of source names to run")
     parser.add_argument("--out", type=Path, help="also write the raw results as JSON here")
+    parser.add_argument("--targets", nargs="*", help=f"targets to compile for (default: {' '.join(TARGETS)})")
     args = parser.parse_args()
+    if args.targets:
+        TARGETS[:] = args.targets
     chosen = {k: v for k, v in SOURCES.items() if not args.only or any(s.lower() in k.lower() for s in args.only)}
     rows = []
     for name, build in chosen.items():

@@ -23,6 +23,7 @@ SCRIPTS = (
     "bench_openvino.py",
     "bench_tflite.py",
     "bench_torch_sources.py",
+    "bench_ncnn.py",
     "bench_tensorrt_preflight.py",
     "bench_mnn.py",
     "bench_tvm.py",

@@ -101,7 +101,7 @@ TRANSIENT_GRACE = 60.0
 # Files a serving engine opens first; each may refer to others (weights, variables/, external
 # data), which must already be there when it appears.
 _ENTRY_NAMES = {"saved_model.pb", "saved_model.pbtxt"}
-_ENTRY_SUFFIXES = {".xml", ".onnx", ".tflite", ".plan", ".engine", ".pt", ".pt2", ".graphdef", ".savedmodel"}
+_ENTRY_SUFFIXES = {".xml", ".onnx", ".tflite", ".plan", ".engine", ".pt", ".pt2", ".graphdef", ".savedmodel", ".param"}
 
 
 def upload_phases(relpaths: list[str]) -> list[list[str]]:
