@@ -217,6 +217,47 @@ def test_compile_from_a_directory_and_a_tarball(cnn: Path, tmp_path: Path, store
     assert signature["outputs"] == [{"name": "prob", "dtype": "float32", "shape": [None, 10]}]
 
 
+SIMPLE = """name: "simple_caffe_cnn"
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 3 dim: 12 dim: 12 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv" convolution_param { num_output: 4 kernel_size: 3 } }
+layer { name: "relu" type: "ReLU" bottom: "conv" top: "relu" }
+layer { name: "pool" type: "Pooling" bottom: "relu" top: "pool" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "fc" type: "InnerProduct" bottom: "pool" top: "fc" inner_product_param { num_output: 5 } }
+layer { name: "prob" type: "Softmax" bottom: "fc" top: "prob" }
+"""
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_caffe_reaches_mnn_natively_and_falls_back_through_onnx(
+    cnn: Path, precision: str, tmp_path: Path, store, repository
+) -> None:
+    # MNNConvert -f CAFFE reads the deploy prototxt and caffemodel themselves: no ONNX step.
+    pytest.importorskip("MNN", reason="the mnn extra runs the mnn target")
+    from services.pipeline.local import compile_model
+    from services.spec import load_spec
+
+    simple = write_caffe_model(tmp_path / "simple", SIMPLE, {"conv": [(4, 3, 3, 3), (4,)], "fc": [(5, 100), (5,)]})
+    spec = {"targets": ["mnn"], "precision": precision, "benchmark": False, "validation": {"samples": 4}}
+    tol = 1e-5 if precision == "fp32" else 3e-3
+    result = compile_model(simple, load_spec({**spec, "name": "s"}), store=store, repository=repository)
+    target = result.targets["mnn"]
+    assert target.status == "succeeded", target.error
+    assert target.route == "caffe ⇒ mnn" and "caffe-to-onnx" not in result.steps
+    assert target.parity["outputs"][0]["max_abs"] < tol, target.parity
+    # The test CNN (in-place BatchNorm/Scale, PReLU, weighted Eltwise, LRN...) converts but MNN
+    # cannot run it natively (its forward fails): the job still succeeds through ONNX, saying so.
+    result = compile_model(cnn, load_spec({**spec, "name": "c"}), store=store, repository=repository)
+    target = result.targets["mnn"]
+    assert target.status == "succeeded", target.error
+    assert target.route == "caffe → onnx → optimize ⇒ mnn"
+    assert [(a["route"], a["status"]) for a in target.attempts] == [
+        ("caffe ⇒ mnn", "failed"),
+        ("caffe → onnx → optimize ⇒ mnn", "succeeded"),
+    ]
+    assert "MNN's forward gave 0 of the model's 1 outputs" in target.attempts[0]["message"]
+    assert target.parity["outputs"][0]["max_abs"] < tol, target.parity
+
+
 def test_an_unconvertible_layer_is_conversion_failed_naming_it(tmp_path: Path, store, repository) -> None:
     from services.pipeline.local import compile_model
     from services.spec import load_spec

@@ -322,7 +322,7 @@ def test_routes_and_refusals() -> None:
     proc = _kiln("routes", "--json")
     assert proc.returncode == 0, proc.stderr
     (mnn,) = [e for e in json.loads(proc.stdout)["exporters"] if e["target"] == "mnn"]
-    assert mnn["engine"] == "mnn" and mnn["accepts"] == {"onnx": 1.5}
+    assert mnn["engine"] == "mnn" and mnn["accepts"] == {"onnx": 1.5, "caffe": 1.5}
     assert "mnn" in _kiln("routes").stdout
     plan = plan_routes(Format.KERAS, load_spec({"targets": ["mnn"]}))
     assert plan.routes["mnn"] == "keras → onnx → optimize ⇒ mnn"

@@ -30,11 +30,12 @@ DESCRIPTORS = (
     TargetDescriptor(
         name="mnn",
         engine="mnn",
-        # Caffe (services.exporters.mnn.MnnSource, MNNConvert -f CAFFE) joins here as "caffe" once that format is registered.
-        accepts={"onnx": 1.5},
+        # Caffe natively (MNNConvert -f CAFFE, services.exporters.mnn.MnnSource): cheaper than
+        # caffe -> onnx -> optimise -> mnn, which stays the fallback route and the int8 route.
+        accepts={"onnx": 1.5, "caffe": 1.5},
         entry="services.exporters.mnn:export_mnn",
         artifact_format="mnn",
         server_root="mnn",
-        precisions={"onnx": frozenset({"fp32", "fp16", "int8"})},
+        precisions={"onnx": frozenset({"fp32", "fp16", "int8"}), "caffe": frozenset({"fp32", "fp16"})},
     ),
 )

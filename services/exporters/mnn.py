@@ -144,14 +144,16 @@ class MnnSource:
         """Return the converter's input for a step's model artifact (ONNX, or a Caffe model's folder)."""
         if model.kind != CAFFE_KIND:
             return cls("ONNX", model.path)
+        from services.formats.caffe import find_caffe_files
+
         root = model.root if model.root.is_dir() else model.path.parent
-        protos, weights = sorted(root.rglob("*.prototxt")), sorted(root.rglob("*.caffemodel"))
-        if len(protos) != 1 or len(weights) != 1:
-            raise ConversionFailed(
-                f"a Caffe model is one .prototxt and one .caffemodel; found {len(protos)} and {len(weights)}",
-                tool=TOOL,
-            )
-        return cls("CAFFE", weights[0], protos[0])
+        # The same deploy prototxt the Caffe source's vetting and reference read (beside a
+        # train_val or solver file, the *deploy* one), never a second guess here.
+        found = find_caffe_files(root)
+        if found is None:
+            raise ConversionFailed(f"{root.name} does not hold one deploy .prototxt and one .caffemodel", tool=TOOL)
+        proto, weights = found
+        return cls("CAFFE", weights, proto)
 
     def argv(self) -> list[str]:
         files = ["--modelFile", str(self.model_file)]
