@@ -27,10 +27,12 @@ artifact store, so nothing comes from an earlier run's cache.
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.util
 import json
 import os
 import platform
+import re
 import sys
 import tempfile
 import time
@@ -146,7 +148,59 @@ def _torch_blocks() -> dict[str, Any]:
             x = x + y.permute(0, 3, 1, 2)
             return self.head(x.mean((2, 3)))
 
-    return {"ResNet block": ResNetBlock, "ResNeXt block (groups=4)": ResNeXtBlock, "ConvNeXt block": ConvNeXtBlock}
+    class InvertedResidualSE(nn.Module):
+        """MobileNetV3's block: expand 1x1, depthwise 3x3, squeeze-and-excitation, hardswish, project 1x1."""
+
+        def __init__(self, c: int = 16, e: int = 64) -> None:
+            super().__init__()
+            self.stem = nn.Conv2d(3, c, 3, stride=2, padding=1)
+            self.expand, self.dw = nn.Conv2d(c, e, 1), nn.Conv2d(e, e, 3, padding=1, groups=e)
+            self.se_down, self.se_up = nn.Conv2d(e, e // 4, 1), nn.Conv2d(e // 4, e, 1)
+            self.project, self.head = nn.Conv2d(e, c, 1), nn.Linear(c, 10)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = nn.functional.hardswish(self.stem(x))
+            y = nn.functional.relu6(self.dw(nn.functional.relu6(self.expand(x))))
+            s = nn.functional.hardsigmoid(self.se_up(torch.relu(self.se_down(y.mean((2, 3), keepdim=True)))))
+            x = x + self.project(y * s)
+            return self.head(x.mean((2, 3)))
+
+    class TinyUNet(nn.Module):
+        """Encoder-decoder: strided conv down, max pool, transposed conv and bilinear resize up, skip concat."""
+
+        def __init__(self, c: int = 8) -> None:
+            super().__init__()
+            self.enc1, self.enc2 = nn.Conv2d(3, c, 3, padding=1), nn.Conv2d(c, 2 * c, 3, padding=1)
+            self.up = nn.ConvTranspose2d(2 * c, c, 2, stride=2)
+            self.dec, self.out = nn.Conv2d(2 * c, c, 3, padding=1), nn.Conv2d(c, 2, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            a = torch.relu(self.enc1(x))
+            b = torch.relu(self.enc2(nn.functional.max_pool2d(a, 2)))
+            y = self.out(torch.relu(self.dec(torch.cat([a, self.up(b)], 1))))
+            return nn.functional.interpolate(y, scale_factor=0.5, mode="bilinear", align_corners=False)
+
+    class RowLSTM(nn.Module):
+        """An LSTM over the image's rows (sequence 32, features 3 x 32), last state to a classifier."""
+
+        def __init__(self, hidden: int = 32) -> None:
+            super().__init__()
+            self.lstm = nn.LSTM(96, hidden, batch_first=True)
+            self.head = nn.Linear(hidden, 10)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seq = x.permute(0, 2, 1, 3).reshape(x.shape[0], 32, 96)
+            out, _ = self.lstm(seq)
+            return self.head(out[:, -1])
+
+    return {
+        "ResNet block": ResNetBlock,
+        "ResNeXt block (groups=4)": ResNeXtBlock,
+        "ConvNeXt block": ConvNeXtBlock,
+        "MobileNetV3 block (SE, hardswish)": InvertedResidualSE,
+        "UNet (ConvTranspose, resize)": TinyUNet,
+        "LSTM over rows": RowLSTM,
+    }
 
 
 def _torch_onnx(label: str) -> Callable[[Path], Path]:
@@ -156,7 +210,7 @@ def _torch_onnx(label: str) -> Callable[[Path], Path]:
 
         torch.manual_seed(0)
         module = _torch_blocks()[label]().eval()
-        path = dest / (label.split()[0].lower() + ".onnx")
+        path = dest / (label.split()[0].lower() + ".onnx")  # the first word is unique
         return export_onnx(module, torch.randn(1, 3, 32, 32), path)
 
     return build
@@ -192,37 +246,70 @@ def _tiny_vit(dest: Path) -> Path:
 HF_VOCAB = 64
 
 
-def _hf_checkpoint(family: str) -> Callable[[Path], Path]:
-    """Return a builder of a tiny Hugging Face checkpoint directory (random weights, safetensors)."""
-
-    def build(dest: Path) -> Path:
-        import torch
-
-        # Any: transformers' config stubs do not list the PretrainedConfig keywords (num_labels, ...).
-        tf: Any = importlib.import_module("transformers")
-        torch.manual_seed(0)
-        model: Any
-        shard: dict[str, Any] = {}
-        if family == "bert":
-            model = tf.BertForSequenceClassification(
-                tf.BertConfig(
-                    vocab_size=HF_VOCAB,
+def _hf_models(tf: Any) -> dict[str, tuple[Any, dict[str, Any]]]:
+    """Return family -> (model with random weights, save_pretrained extras)."""
+    text = {"vocab_size": HF_VOCAB, "num_attention_heads": 2, "intermediate_size": 64}
+    return {
+        "bert": (
+            tf.BertForSequenceClassification(
+                tf.BertConfig(**text, hidden_size=32, num_hidden_layers=2, max_position_embeddings=64, num_labels=3)
+            ),
+            {},
+        ),
+        "distilbert": (
+            tf.DistilBertForSequenceClassification(
+                tf.DistilBertConfig(
+                    vocab_size=HF_VOCAB, dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=64
+                )
+            ),
+            {},
+        ),
+        "gpt2": (
+            tf.GPT2LMHeadModel(
+                tf.GPT2Config(
+                    vocab_size=HF_VOCAB, n_embd=32, n_layer=2, n_head=2, n_positions=64, bos_token_id=0, eos_token_id=0
+                )
+            ),
+            {"max_shard_size": "20KB"},  # config.json + model.safetensors.index.json + shards
+        ),
+        "gpt2-past": (
+            tf.GPT2LMHeadModel(
+                tf.GPT2Config(
+                    vocab_size=HF_VOCAB, n_embd=32, n_layer=2, n_head=2, n_positions=64, bos_token_id=0, eos_token_id=0
+                )
+            ),
+            {},
+        ),
+        "llama": (
+            tf.LlamaForCausalLM(
+                tf.LlamaConfig(
+                    **text,
                     hidden_size=32,
                     num_hidden_layers=2,
-                    num_attention_heads=2,
-                    intermediate_size=64,
+                    num_key_value_heads=1,  # grouped-query attention
                     max_position_embeddings=64,
-                    num_labels=3,
+                    bos_token_id=0,
+                    eos_token_id=0,
                 )
-            )
-        elif family == "gpt2":
-            config = tf.GPT2Config(
-                vocab_size=HF_VOCAB, n_embd=32, n_layer=2, n_head=2, n_positions=64, bos_token_id=0, eos_token_id=0
-            )
-            model = tf.GPT2LMHeadModel(config)
-            shard = {"max_shard_size": "20KB"}  # config.json + model.safetensors.index.json + shards
-        elif family == "vit":
-            model = tf.ViTForImageClassification(
+            ),
+            {},
+        ),
+        "t5": (
+            tf.T5EncoderModel(
+                tf.T5Config(
+                    vocab_size=HF_VOCAB,
+                    d_model=32,
+                    d_kv=16,
+                    d_ff=64,
+                    num_layers=2,
+                    num_heads=2,
+                    decoder_start_token_id=0,
+                )
+            ),
+            {},
+        ),
+        "vit": (
+            tf.ViTForImageClassification(
                 tf.ViTConfig(
                     image_size=16,
                     patch_size=8,
@@ -233,37 +320,71 @@ def _hf_checkpoint(family: str) -> Callable[[Path], Path]:
                     intermediate_size=64,
                     num_labels=4,
                 )
-            )
-        else:
-            model = tf.T5EncoderModel(
-                tf.T5Config(
-                    vocab_size=HF_VOCAB,
-                    d_model=32,
-                    d_kv=16,
-                    d_ff=64,
-                    num_layers=2,
-                    num_heads=2,
-                    decoder_start_token_id=0,
+            ),
+            {},
+        ),
+        "swin": (
+            tf.SwinForImageClassification(
+                tf.SwinConfig(
+                    image_size=32,
+                    patch_size=4,
+                    embed_dim=16,
+                    depths=[1, 1],
+                    num_heads=[2, 2],
+                    window_size=4,
+                    num_labels=4,
                 )
-            )
+            ),
+            {},
+        ),
+    }
+
+
+#: Checkpoint family -> how the table names it.
+HF_LABELS = {
+    "bert": "BERT",
+    "distilbert": "DistilBERT",
+    "gpt2": "GPT-2 (sharded)",
+    "gpt2-past": "GPT-2 with past key values",
+    "llama": "Llama (GQA, RoPE)",
+    "t5": "T5 encoder",
+    "vit": "ViT",
+    "swin": "Swin",
+}
+
+
+def _hf_checkpoint(family: str) -> Callable[[Path], Path]:
+    """Return a builder of a tiny Hugging Face checkpoint directory (random weights, safetensors)."""
+
+    def build(dest: Path) -> Path:
+        import torch
+
+        # Any: transformers' config stubs do not list the PretrainedConfig keywords (num_labels, ...).
+        tf: Any = importlib.import_module("transformers")
+        torch.manual_seed(0)
+        model, extra = _hf_models(tf)[family]
         path = dest / family
-        model.save_pretrained(str(path), safe_serialization=True, **shard)
+        model.save_pretrained(str(path), safe_serialization=True, **extra)
         return path
 
     return build
 
 
-#: options.huggingface.task per checkpoint (the same the config's architectures imply, said explicitly).
+#: options.huggingface.task per checkpoint (what the config's architectures imply, said explicitly).
 HF_TASKS = {
     "bert": "sequence-classification",
+    "distilbert": "sequence-classification",
     "gpt2": "causal-lm",
-    "vit": "image-classification",
+    "gpt2-past": "causal-lm-with-past",
+    "llama": "causal-lm",
     "t5": "feature-extraction",
+    "vit": "image-classification",
+    "swin": "image-classification",
 }
-HF_LABELS = {"bert": "BERT", "gpt2": "GPT-2 (sharded)", "vit": "ViT", "t5": "T5 encoder"}
 
 SOURCES: dict[str, Callable[[Path], Path]] = {
     "keras MobileNetV3Small 64px": _keras_app("MobileNetV3Small", 64),
+    "keras MobileNetV2 64px": _keras_app("MobileNetV2", 64),
     "keras EfficientNetV2B0 64px": _keras_app("EfficientNetV2B0", 64),
     "keras ResNet50 64px": _keras_app("ResNet50", 64),
     "keras EfficientNetB0 64px": _keras_app("EfficientNetB0", 64),
@@ -283,9 +404,15 @@ SOURCE_OPTIONS: dict[str, dict[str, Any]] = {
 # --------------------------------------------------------------------------- running
 
 
-def _short(message: str, limit: int = 160) -> str:
-    """Return the first line of an error message, cut to ``limit`` characters."""
+#: The head of a one-route failure ("every route to mnn failed: (1) onnx ⇒ mnn: CODE in step (tool): "),
+#: which the cell's code and route already say: the short reason starts after it.
+_ROUTE_HEAD = re.compile(r"^every route to \S+ failed: \(1\) .*?: [A-Z_]+ in \S+ \([^)]*\): ")
+
+
+def _short(message: str, limit: int = 200) -> str:
+    """Return the first line of an error message without its route head, cut to ``limit`` characters."""
     line = next((ln.strip() for ln in message.splitlines() if ln.strip()), "")
+    line = _ROUTE_HEAD.sub("", line)
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
@@ -314,7 +441,12 @@ def run_source(name: str, build: Callable[[Path], Path], targets: list[str]) -> 
             )
         except KilnError as exc:  # refused before any target ran (the source itself): every cell fails alike
             seconds = time.perf_counter() - started
-            refused: dict[str, Any] = {"status": "failed", "code": exc.code, "message": _short(str(exc))}
+            refused: dict[str, Any] = {
+                "status": "failed",
+                "code": exc.code,
+                "message": _short(str(exc)),
+                "detail": str(exc),
+            }
             return {"source": name, "seconds": round(seconds, 1), "cells": dict.fromkeys(targets, refused)}
         seconds = time.perf_counter() - started
     cells = {}
@@ -325,6 +457,7 @@ def run_source(name: str, build: Callable[[Path], Path], targets: list[str]) -> 
             err = t.error or {}
             cell["code"] = err.get("code")
             cell["message"] = _short(err.get("message") or "")
+            cell["detail"] = err.get("message") or ""  # the whole message, for --out
         else:
             cell["max_abs"] = max(float(o["max_abs"]) for o in (t.parity or {}).get("outputs", [{"max_abs": 0}]))
         cells[target] = cell
