@@ -73,19 +73,25 @@ def target_table() -> tuple[list[str], dict[str, str]]:
 #: Failures understood and accepted, each with the reason: (source substring, target, code) -> why.
 KNOWN_LIMITS: dict[tuple[str, str, str], str] = {
     ("EfficientNetB0", "mnn", "PARITY_FAILED"): "random weights give a near-uniform softmax (top-1/top-2 gap "
-    "< 1e-6 on every sample); MNN's fp32 differences, inside atol/rtol, flip the argmax: top-1 agreement 50 %",
+    "< 1e-6 on random images); MNN's fp32 differences, inside atol/rtol, flip the argmax: top-1 agreement 50 %",
     ("LSTM", "tflite", "CONVERSION_FAILED"): "onnx2tf converts this LSTM graph wrongly (max |diff| 0.28 against "
     "onnxruntime, dynamic and fixed shapes); Kiln's probe refuses the result",
     ("LSTM", "tfserving", "CONVERSION_FAILED"): "onnx2tf converts this LSTM graph wrongly (max |diff| 0.28 against "
     "onnxruntime, dynamic and fixed shapes); Kiln's probe refuses the result",
 }
 
+_PAST_TFSERVING = (
+    "the onnx2tf SavedModel that passes as tflite fails as tfserving: a Reshape InvalidArgumentError in the full "
+    "matrix, PARITY_FAILED run with tflite alone (present.0.value cosine -0.03 while present.0.key matches): "
+    "same-shaped past/present tensors look fed or read under the wrong signature names"
+)
+
 #: Failures diagnosed as bugs (not fixed here), each with what goes wrong.
 KNOWN_BUGS: dict[tuple[str, str, str], str] = {
     ("LSTM", "mnn", "CONVERSION_FAILED"): "MNNConvert 3.6.1 dies with SIGSEGV on Kiln's optimised LSTM graph (the "
     "raw torch export converts); Kiln's message drops the signal and quotes the last output line",
-    ("with past", "tfserving", "CONVERSION_FAILED"): "the SavedModel (onnx2tf) that passes for tflite fails in "
-    "TensorFlow at tfserving validation: a Reshape with a baked shape (InvalidArgumentError)",
+    ("with past", "tfserving", "CONVERSION_FAILED"): _PAST_TFSERVING,
+    ("with past", "tfserving", "PARITY_FAILED"): _PAST_TFSERVING,
 }
 
 
@@ -430,12 +436,14 @@ SOURCE_OPTIONS: dict[str, dict[str, Any]] = {
 #: The head of a one-route failure ("every route to mnn failed: (1) onnx ⇒ mnn: CODE in step (tool): "),
 #: which the cell's code and route already say: the short reason starts after it.
 _ROUTE_HEAD = re.compile(r"^every route to \S+ failed: \(1\) .*?: [A-Z_]+ in \S+ \([^)]*\): ")
+#: A later attempt's head ("; (2) route: CODE in step (tool): "), kept as "; (2) ".
+_NEXT_HEAD = re.compile(r"; \((\d+)\) [^;]*?: [A-Z_]+ in \S+ \([^)]*\): ")
 
 
 def _short(message: str, limit: int = 200) -> str:
     """Return the first line of an error message without its route head, cut to ``limit`` characters."""
     line = next((ln.strip() for ln in message.splitlines() if ln.strip()), "")
-    line = _ROUTE_HEAD.sub("", line)
+    line = _NEXT_HEAD.sub(r"; (\1) ", _ROUTE_HEAD.sub("", line))
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
