@@ -38,7 +38,10 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from services.descriptors import Registry
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -49,11 +52,15 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # --------------------------------------------------------------------------- targets
 
 
-def target_table() -> tuple[list[str], dict[str, str]]:
-    """Return the registered targets this machine can run, and why each other one is left out."""
+def target_table(reg: Registry | None = None) -> tuple[list[str], dict[str, str]]:
+    """Return the registered targets this machine can run, and why each other one is left out.
+
+    ``reg`` defaults to the process-wide registry (this package's modules and the
+    ``kiln.descriptors`` entry points), so a target registered later joins the matrix by itself.
+    """
     from services.descriptors import registry
 
-    reg = registry()
+    reg = reg or registry()
     runnable: list[str] = []
     excluded: dict[str, str] = {}
     for name, target in reg.targets.items():
