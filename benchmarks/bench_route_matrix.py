@@ -88,9 +88,9 @@ KNOWN_LIMITS: dict[tuple[str, str, str], str] = {
 }
 
 _PAST_TFSERVING = (
-    "the onnx2tf SavedModel that passes as tflite fails as tfserving: a Reshape InvalidArgumentError in the full "
-    "matrix, PARITY_FAILED run with tflite alone (present.0.value cosine -0.03 while present.0.key matches): "
-    "same-shaped past/present tensors look fed or read under the wrong signature names"
+    "the SavedModel is right (equal to the tflite and ONNX outputs when fed by its signature keys), but its keys "
+    "are past_key_values_0_key etc. (dots made underscores) in a scrambled order, so adapt_feed falls back to "
+    "matching by position and feeds input_ids and the past tensors to the wrong inputs"
 )
 
 #: Failures diagnosed as bugs (not fixed here), each with what goes wrong.
