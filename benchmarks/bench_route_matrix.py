@@ -77,14 +77,17 @@ def target_table(reg: Registry | None = None) -> tuple[list[str], dict[str, str]
     return runnable, excluded
 
 
+_ONNX2TF_LSTM = (
+    "onnx2tf converts the ONNX LSTM op wrongly (max |diff| 0.28 against onnxruntime, dynamic and fixed shapes; a "
+    "bare LSTM on a [1, 32, 96] input too, while the permute/reshape alone converts); Kiln's probe refuses it"
+)
+
 #: Failures understood and accepted, each with the reason: (source substring, target, code) -> why.
 KNOWN_LIMITS: dict[tuple[str, str, str], str] = {
     ("EfficientNetB0", "mnn", "PARITY_FAILED"): "random weights give a near-uniform softmax (top-1/top-2 gap "
     "< 1e-6 on random images); MNN's fp32 differences, inside atol/rtol, flip the argmax: top-1 agreement 50 %",
-    ("LSTM", "tflite", "CONVERSION_FAILED"): "onnx2tf converts this LSTM graph wrongly (max |diff| 0.28 against "
-    "onnxruntime, dynamic and fixed shapes); Kiln's probe refuses the result",
-    ("LSTM", "tfserving", "CONVERSION_FAILED"): "onnx2tf converts this LSTM graph wrongly (max |diff| 0.28 against "
-    "onnxruntime, dynamic and fixed shapes); Kiln's probe refuses the result",
+    ("LSTM", "tflite", "CONVERSION_FAILED"): _ONNX2TF_LSTM,
+    ("LSTM", "tfserving", "CONVERSION_FAILED"): _ONNX2TF_LSTM,
 }
 
 _PAST_TFSERVING = (
