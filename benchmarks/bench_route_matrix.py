@@ -98,8 +98,9 @@ _PAST_TFSERVING = (
 
 #: Failures diagnosed as bugs (not fixed here), each with what goes wrong.
 KNOWN_BUGS: dict[tuple[str, str, str], str] = {
-    ("LSTM", "mnn", "CONVERSION_FAILED"): "MNNConvert 3.6.1 dies with SIGSEGV on Kiln's optimised LSTM graph (the "
-    "raw torch export converts); Kiln's message drops the signal and quotes the last output line",
+    ("LSTM", "mnn", "CONVERSION_FAILED"): "MNNConvert 3.6.1 dies with SIGSEGV on an ONNX LSTM whose unused optional "
+    "outputs Y_h, Y_c Kiln's optimiser dropped (DeadCode, EliminateNoOps; valid ONNX, the raw export converts); "
+    "Kiln's message drops the signal and quotes the converter's last output line",
     ("with past", "tfserving", "CONVERSION_FAILED"): _PAST_TFSERVING,
     ("with past", "tfserving", "PARITY_FAILED"): _PAST_TFSERVING,
 }
