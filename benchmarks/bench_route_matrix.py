@@ -90,19 +90,11 @@ KNOWN_LIMITS: dict[tuple[str, str, str], str] = {
     ("LSTM", "tfserving", "CONVERSION_FAILED"): _ONNX2TF_LSTM,
 }
 
-_PAST_TFSERVING = (
-    "the SavedModel is right (equal to the tflite and ONNX outputs when fed by its signature keys), but its keys "
-    "are past_key_values_0_key etc. (dots made underscores) in a scrambled order, so adapt_feed falls back to "
-    "matching by position and feeds input_ids and the past tensors to the wrong inputs"
-)
-
 #: Failures diagnosed as bugs (not fixed here), each with what goes wrong.
 KNOWN_BUGS: dict[tuple[str, str, str], str] = {
     ("LSTM", "mnn", "CONVERSION_FAILED"): "MNNConvert 3.6.1 dies with SIGSEGV on an ONNX LSTM whose unused optional "
     "outputs Y_h, Y_c Kiln's optimiser dropped (DeadCode, EliminateNoOps; valid ONNX, the raw export converts); "
     "Kiln's message drops the signal and quotes the converter's last output line",
-    ("with past", "tfserving", "CONVERSION_FAILED"): _PAST_TFSERVING,
-    ("with past", "tfserving", "PARITY_FAILED"): _PAST_TFSERVING,
 }
 
 

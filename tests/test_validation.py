@@ -143,3 +143,28 @@ def test_nothing_compared_is_a_failure(tol: Tolerances) -> None:
     assert not check_parity(empty, empty, tol, inputs_from="t", raise_on_failure=False).passed
     with pytest.raises(ParityFailed, match="no samples"):
         check_parity([], [], tol, inputs_from="t")
+
+
+def test_feeds_pair_by_spelling_before_position() -> None:
+    # onnx2tf respells past_key_values.0.key as past_key_values_0_key, and a SavedModel's
+    # signature lists inputs in its own order: position alone would swap key and value.
+    from types import SimpleNamespace
+
+    from services.exporters._common import adapt_feed
+
+    feed = {
+        "input_ids": np.zeros((1, 3), np.int64),
+        "past_key_values.0.key": np.full((1, 2), 1.0, np.float32),
+        "past_key_values.0.value": np.full((1, 2), 2.0, np.float32),
+    }
+    artifact = SimpleNamespace(
+        inputs=[
+            TensorSpec("past_key_values_0_value", "float32", (None, 2)),
+            TensorSpec("input_ids", "int32", (None, 3)),
+            TensorSpec("past_key_values_0_key", "float32", (None, 2)),
+        ]
+    )
+    fed = adapt_feed(feed, artifact)  # type: ignore[arg-type]
+    assert list(fed) == ["past_key_values_0_value", "input_ids", "past_key_values_0_key"]
+    assert fed["past_key_values_0_value"][0, 0] == 2.0 and fed["past_key_values_0_key"][0, 0] == 1.0
+    assert fed["input_ids"].dtype == np.int32

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +23,18 @@ __all__ = ["adapt_feed", "calibration_feeds", "calibration_warnings", "finish_ex
 
 
 def adapt_feed(feed: dict[str, np.ndarray], runner: ModelRunner) -> dict[str, np.ndarray]:
-    """Map reference inputs onto the artifact's inputs: by name, else by position; cast dtypes."""
+    """Map reference inputs onto the artifact's inputs: by name, by spelling, else by position; cast dtypes.
+
+    Converters respell names (onnx2tf writes ``past_key_values.0.key`` as
+    ``past_key_values_0_key``) and a SavedModel signature lists its inputs in its own order, so
+    names that match once punctuation and case are set aside pair up before position is used.
+    """
     names = [t.name for t in runner.inputs]
+    spelled = {_spelling(n): n for n in feed}
     if set(names) == set(feed):
         pairs = [(t, feed[t.name]) for t in runner.inputs]
+    elif len(spelled) == len(feed) and {_spelling(n) for n in names} == set(spelled):
+        pairs = [(t, feed[spelled[_spelling(t.name)]]) for t in runner.inputs]
     else:
         if len(names) != len(feed):
             raise ParityFailed(f"the artifact takes inputs {names}, the source {sorted(feed)}")
@@ -35,6 +44,11 @@ def adapt_feed(feed: dict[str, np.ndarray], runner: ModelRunner) -> dict[str, np
         want = np.dtype(t.dtype) if t.dtype not in ("str", "bfloat16") else arr.dtype
         out[t.name] = arr.astype(want) if arr.dtype != want and want.kind in "fiub" else arr
     return out
+
+
+def _spelling(name: str) -> str:
+    """Return ``name`` without case and punctuation (``past_key_values.0.key`` -> ``pastkeyvalues0key``)."""
+    return re.sub(r"[^0-9a-z]", "", name.lower())
 
 
 def calibration_feeds(ref: ReferenceData) -> tuple[list[dict[str, np.ndarray]], str]:
