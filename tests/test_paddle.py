@@ -442,3 +442,17 @@ class TestPaddleProgramRunner(RunnerContract):
     @pytest.fixture
     def model(self, models: Path) -> Path:
         return models / "contract_pdmodel" / "model.pdmodel"
+
+
+def test_paddle_after_tensorflow_is_refused_with_a_code_not_a_crash() -> None:
+    # Measured: importing paddlepaddle 3.3 after tensorflow 2.21 in one process is a segfault.
+    script = (
+        "import tensorflow\n"
+        "from services.errors import KilnError\n"
+        "from services.runners.paddle import import_paddle\n"
+        "try:\n    import_paddle()\nexcept KilnError as exc:\n    print(exc.code)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "ENGINE_UNAVAILABLE"

@@ -10,6 +10,7 @@ itself; the predictor knows them only after a run.
 from __future__ import annotations
 
 import shutil
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from services.errors import SourceUnreadable
+from services.errors import EngineUnavailable, SourceUnreadable
 from services.formats.paddle import PaddleModel, stage_paddle_model, vet_paddle_model
 from services.runners.base import ModelRunner, TensorSpec
 
@@ -25,7 +26,17 @@ __all__ = ["PaddleRunner", "import_paddle", "open_predictor"]
 
 
 def import_paddle() -> Any:
-    """Return ``paddle.inference``, imported without Paddle's import-time notices (no ccache, ...)."""
+    """Return ``paddle.inference``, imported without Paddle's import-time notices (no ccache, ...).
+
+    Importing Paddle into a process that has already imported TensorFlow crashes it with a
+    segmentation fault (measured: paddlepaddle 3.3.1 after tensorflow 2.21; the other order
+    works). Refuse with a code instead of taking the process down.
+    """
+    if "paddle" not in sys.modules and "tensorflow" in sys.modules:
+        raise EngineUnavailable(
+            "Paddle cannot be loaded into a process that has already loaded TensorFlow (it crashes)",
+            hint="Run Paddle sources on the paddle worker (kiln worker --engine paddle), or import paddle first.",
+        )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import paddle.inference
