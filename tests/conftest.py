@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 from collections.abc import Iterator
@@ -12,13 +11,6 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, str(Path(__file__).parent))
-
-# One pytest process runs every engine's tests. Paddle crashes when imported after TensorFlow
-# (services/runners/paddle.py:import_paddle), so where it is installed it loads first.
-with contextlib.suppress(ImportError):
-    from services.runners.paddle import import_paddle
-
-    import_paddle()
 
 from models import tiny_cnn_onnx, tiny_transformer_onnx
 from storage_servers import s3_server  # noqa: F401 - session fixture: a real S3 server on loopback

@@ -207,7 +207,7 @@ class TestTensorRTExporter(ExporterContract):
 def _contract_classes() -> dict[str, set[str]]:
     """Return the ``fmt`` of every RunnerContract subclass and the ``target`` of every ExporterContract one."""
     found: dict[str, set[str]] = {"RunnerContract": set(), "ExporterContract": set()}
-    for path in TESTS.glob("test_*.py"):
+    for path in [*TESTS.glob("test_*.py"), *TESTS.glob("contract_*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
             if not isinstance(node, ast.ClassDef):
                 continue

@@ -18,6 +18,7 @@ import io
 import json
 import os
 import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -29,7 +30,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from engine_contract import RunnerContract
 from jobs_support import KILN_CMD, redis_url
 
 from services.errors import SourceUnreadable, UnsafeInput
@@ -426,22 +426,23 @@ def test_post_compile_accepts_a_paddle_archive_and_refuses_a_truncated_one(model
 # --------------------------------------------------------------------------- runner contract
 
 
-class TestPaddlePIRRunner(RunnerContract):
-    fmt = "paddle_pir"
-    output_names = ("fetch_name_0", "fetch_name_1")  # a PIR program names its fetches by position
-
-    @pytest.fixture
-    def model(self, models: Path) -> Path:
-        return models / "contract_pir" / "model.json"
-
-
-class TestPaddleProgramRunner(RunnerContract):
-    fmt = "paddle"
-    output_names = ("tmp_1", "tmp_3")  # the ProgramDesc's own variable names, in fetch order
-
-    @pytest.fixture
-    def model(self, models: Path) -> Path:
-        return models / "contract_pdmodel" / "model.pdmodel"
+def test_runner_contract_in_a_process_of_its_own() -> None:
+    # The Paddle runner's contract classes (tests/contract_paddle.py) need Paddle in the test
+    # process, and one pytest process cannot hold Paddle beside the other engines: Paddle after
+    # TensorFlow is a segfault, MindSpore after Paddle fails to load (oneDNN symbols). So they
+    # run in a fresh pytest process here, and this test fails when any of them does.
+    tests = Path(__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": str(tests.parent), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests / "contract_paddle.py")],
+        env=env,
+        cwd=tests.parent,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert re.search(r"\b8 passed\b", proc.stdout), proc.stdout[-2000:]
 
 
 def test_paddle_after_tensorflow_is_refused_with_a_code_not_a_crash() -> None:
