@@ -106,8 +106,7 @@ KNOWN_BUGS: dict[tuple[str, str, str], str] = {
     ("ConvNeXtTiny", "tvm", "CONVERSION_FAILED"): "TVM 0.27's ONNX importer refuses tf2onnx's Reshape whose new "
     "shape is a computed tensor (not a constant Shape)",
     ("LSTM", "mnn", "CONVERSION_FAILED"): "MNNConvert 3.6.1 dies with SIGSEGV on an ONNX LSTM whose unused optional "
-    "outputs Y_h, Y_c Kiln's optimiser dropped (DeadCode, EliminateNoOps; valid ONNX, the raw export converts); "
-    "Kiln's message drops the signal and quotes the converter's last output line",
+    "outputs Y_h, Y_c Kiln's optimiser dropped (DeadCode, EliminateNoOps; valid ONNX, the raw export converts)",
 }
 
 

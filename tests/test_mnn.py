@@ -515,3 +515,20 @@ class TestMnnRunner(RunnerContract):
 
 class TestMnnExporter(ExporterContract):
     target = "mnn"
+
+
+def test_a_converter_crash_names_the_signal(cnn_onnx: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # MNNConvert 3.6.1 dies with SIGSEGV on some graphs (an LSTM without its optional outputs,
+    # found by the architecture matrix); the error must say so, not quote its last log line.
+    import services.exporters.mnn as mnn_export
+    from services.errors import ConversionFailed
+    from services.exporters.mnn import MnnSource, MnnToolError, convert
+
+    def crashed(request: dict[str, Any], scratch: Path, **_: Any) -> Any:
+        raise MnnToolError("convert failed (killed by signal 11)", output="Start to Optimize the MNN Net...")
+
+    monkeypatch.setattr(mnn_export, "run_tool", crashed)  # provoke the fault; the real crash needs MNN's bug
+    with pytest.raises(ConversionFailed) as err:
+        convert(MnnSource("ONNX", cnn_onnx), tmp_path / "m.mnn", tmp_path / "scratch", flags=[])
+    assert "killed by signal 11" in err.value.message
+    assert err.value.code == "CONVERSION_FAILED"

@@ -169,11 +169,13 @@ def convert(source: MnnSource, dst: Path, scratch: Path, *, flags: list[str], ex
     except MnnToolError as exc:
         if exc.forbidden:
             raise ConversionFailed(str(exc), tool=TOOL, output_tail=exc.output[-2000:]) from exc
-        output = exc.output
+        output, failure = exc.output, f" ({exc})"  # e.g. "convert failed (killed by signal 11)"
+    else:
+        failure = ""
     # MNNConvert returns true even when it prints "Converted Failed!" (an op it lacks): the file decides.
     if not dst.is_file() or dst.stat().st_size == 0:
         raise ConversionFailed(
-            f"{TOOL} could not convert the {source.framework} model: {_cause(output)}",
+            f"{TOOL} could not convert the {source.framework} model{failure}: {_cause(output)}",
             hint="MNN's converter lacks an op or an attribute this graph uses; the onnxruntime or openvino "
             "targets read the ONNX model directly.",
             tool=TOOL,
