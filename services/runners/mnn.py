@@ -105,7 +105,6 @@ class MnnRunner(ModelRunner):
             self.inputs = stored or [TensorSpec(n, "float32", ()) for n in info["inputNames"]]
             self.outputs = [TensorSpec(n, "float32", ()) for n in info["outputNames"]]
         self._formats = {name: var.data_format for name, var in zip(info["inputNames"], info["inputs"], strict=False)}
-        self._caffe_layout = any(f == MNN.expr.NC4HW4 for f in self._formats.values())
 
     def _var(self, spec: TensorSpec, value: np.ndarray) -> Any:
         expr = self._mnn.expr
@@ -124,12 +123,6 @@ class MnnRunner(ModelRunner):
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         expr = self._mnn.expr
-        batch = {v.shape[0] for v in feeds.values() if np.ndim(v)}
-        if self._caffe_layout and batch and max(batch) > 1:
-            # A model converted from Caffe keeps the prototxt's batch of 1 in its layers
-            # (measured: MNN's forward fails with code=2 at batch 2), so run sample by sample.
-            parts = [self.run({k: v[i : i + 1] for k, v in feeds.items()}) for i in range(max(batch))]
-            return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
         values = self.module.forward([self._var(t, feeds[t.name]) for t in self.inputs])
         if len(values) != len(self.outputs):
             # MNN reports a failed forward only on stderr ("code=2 in onForward") and returns fewer values.
