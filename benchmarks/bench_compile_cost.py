@@ -5,7 +5,7 @@
 The model is ``keras.applications.ResNet50(weights=None)`` (25.6 M parameters, 1000 classes)
 on a ``--size`` x ``--size`` RGB input, its BatchNorm statistics set from one batch of random
 images so that parity compares meaningful numbers (fp16 bounds loosened to cosine 0.99,
-top-1 75%: an untrained network's logits are too close together for the defaults). Each run is one ``kiln compile`` to
+top-1 50%: an untrained network's logits are too close together for the defaults). Each run is one ``kiln compile`` to
 onnxruntime, openvino, tflite and tfserving at fp16 with an empty cache (``--no-cache``)
 and no latency benchmark; the two checkouts alternate (baseline first). Per run the script
 records the wall time and the peak of the summed RSS over the CLI process and all its
@@ -43,6 +43,7 @@ def make_model(path: Path, size: int) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras
 
+    keras.utils.set_random_seed(3)  # the same network every time: parity's pass or fail is then fixed
     model = keras.applications.ResNet50(weights=None, input_shape=(size, size, 3))
     norms = [la for la in model.layers if isinstance(la, keras.layers.BatchNormalization)]
     batch = np.random.default_rng(3).standard_normal((8, size, size, 3)).astype("float32")
@@ -91,7 +92,7 @@ def compile_once(model: Path, work: Path, tree: Path | None) -> dict[str, object
     # reaches cosine ~0.996 (precision default 0.999): looser bounds, so every target's whole
     # route runs and publishes; what is measured is the compile's cost, not its accuracy.
     spec = work / "spec.json"
-    spec.write_text(json.dumps({"tolerances": {"min_cosine": 0.99, "min_top1": 0.75}}))
+    spec.write_text(json.dumps({"tolerances": {"min_cosine": 0.99, "min_top1": 0.5}}))
     cmd = [str(KILN), "compile", str(model), "--spec", str(spec), "-p", "fp16", "--no-cache", "--no-benchmark"]
     cmd += ["--json", "-q"]
     for t in TARGETS:

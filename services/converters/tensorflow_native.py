@@ -26,14 +26,17 @@ __all__ = ["SAVEDMODEL_DIR", "keras_to_savedmodel", "signature_tensors", "write_
 SAVEDMODEL_DIR = "saved_model"
 
 
-def write_keras_savedmodel(model: Any, dest: Path, signature: str = DEFAULT_SIGNATURE) -> None:
-    """Write ``model`` as a SavedModel at ``dest`` with one serving signature."""
+def write_keras_savedmodel(
+    model: Any, dest: Path, signature: str = DEFAULT_SIGNATURE, concrete: Any | None = None
+) -> None:
+    """Write ``model`` as a SavedModel at ``dest`` with one serving signature (``concrete``, when traced already)."""
     import tensorflow as tf
 
     from services.runners.tensorflow import keras_serving_function
 
-    fn, input_signature = keras_serving_function(model)
-    concrete = tf.function(fn, input_signature=input_signature).get_concrete_function()
+    if concrete is None:
+        fn, input_signature = keras_serving_function(model)
+        concrete = tf.function(fn, input_signature=input_signature).get_concrete_function()
     # The root holds only the tf.Variables the signature reads (what ExportArchive tracks as
     # `_all_variables`). Saving the Keras model itself as the root also saves functions that
     # assign to variables, and TFLite's converter then keeps every weight as a mutable
@@ -73,13 +76,14 @@ def signature_tensors(saved_model_dir: Path, signature: str = DEFAULT_SIGNATURE)
 
 def keras_to_savedmodel(ctx: StepContext) -> Artifact:
     """Write the Keras source as a SavedModel with a ``serving_default`` signature."""
-    from services.runners.tensorflow import keras_io, load_keras_model
+    from services.runners.tensorflow import keras_io, keras_serving_concrete, load_keras_model
 
-    model = load_keras_model(ctx.model.path)
+    model = load_keras_model(ctx.model.path)  # unsafe or unreadable files fail here, with their own codes
     dest = ctx.out_dir / SAVEDMODEL_DIR
     ctx.progress("exporting the Keras model as a SavedModel (serving_default)")
     try:
-        write_keras_savedmodel(model, dest)
+        model, concrete = keras_serving_concrete(ctx.model.path)
+        write_keras_savedmodel(model, dest, concrete=concrete)
     except Exception as exc:  # TF raises many types while tracing a model into a graph
         raise ConversionFailed(
             f"Keras could not export {ctx.model.path.name} as a SavedModel: {exc}",

@@ -149,22 +149,18 @@ def write_compressed_savedmodel(
     import tensorflow as tf
     from tensorflow.core.protobuf import meta_graph_pb2
 
-    # convert_variables_to_constants_v2 is TensorFlow's own freezing (tf2onnx and the TFLite
-    # converter use it); it has no public alias in TF 2.x.
-    from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
-
+    from services.converters.tf_freezing import freeze_function
     from services.runners.tensorflow import load_signature
 
     _loaded, fn = load_signature(src, signature)
-    frozen = convert_variables_to_constants_v2(fn)
-    graph_def = frozen.graph.as_graph_def()
+    frozen = freeze_function(fn)
+    graph_def = frozen.graph_def
     stats = compress_weights(graph_def, precision)
     # The frozen function's placeholders and results follow the flattened (key-sorted) signature.
     _, kwargs = fn.structured_input_signature
     in_keys = tf.nest.flatten({k: k for k in kwargs})
     out_keys = tf.nest.flatten({k: k for k in fn.structured_outputs})
-    in_names = [t.name for t in frozen.inputs]
-    out_names = [t.name for t in frozen.outputs]
+    in_names, out_names = frozen.inputs, frozen.outputs
     graph = tf.Graph()
     with graph.as_default():
         tf.graph_util.import_graph_def(graph_def, name="")

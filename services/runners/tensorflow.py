@@ -17,6 +17,7 @@ import numpy as np
 
 from services.errors import InvalidSpec, SourceUnreadable, UnsafeInput
 from services.formats.keras_safety import UNSAFE_HINT, check_keras_file
+from services.pipeline.source_memo import memoized
 from services.runners.base import ModelRunner, TensorSpec
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "KerasRunner",
     "SavedModelRunner",
     "keras_io",
+    "keras_serving_concrete",
     "keras_serving_function",
     "load_keras_model",
     "load_signature",
@@ -34,7 +36,27 @@ DEFAULT_SIGNATURE = "serving_default"
 
 
 def load_keras_model(path: Path) -> Any:
-    """Return the Keras model at ``path``, refusing code payloads first and loading in safe mode."""
+    """Return the Keras model at ``path``, refusing code payloads first and loading in safe mode.
+
+    Within a job run in one process (``kiln compile``) the steps share one load.
+    """
+    return memoized("keras", path, lambda: _load_keras_model(path))
+
+
+def keras_serving_concrete(path: Path) -> tuple[Any, Any]:
+    """Return ``(model, traced serving function)`` of a Keras file; one trace per job, as for the load."""
+
+    def trace() -> tuple[Any, Any]:
+        import tensorflow as tf
+
+        model = load_keras_model(path)
+        fn, signature = keras_serving_function(model)
+        return model, tf.function(fn, input_signature=signature).get_concrete_function()
+
+    return memoized("keras-serving", path, trace)
+
+
+def _load_keras_model(path: Path) -> Any:
     check_keras_file(path)
     import keras
 
