@@ -28,15 +28,15 @@ from typing import Any
 import numpy as np
 import pytest
 from google.protobuf import text_format
-from triton_server import TritonServer, TritonTool, backend_directory, find_triton
+from triton_server import REPO_ROOT, TOOL_VENV, TritonServer, TritonTool, backend_directory, find_triton
 
 from services.repository.triton_config import model_config_pb2
 
 TOOL = find_triton()
 
-pytestmark = pytest.mark.skipif(
+needs_triton = pytest.mark.skipif(
     TOOL is None,
-    reason="the Triton tool venv (.venv-triton) is missing: run `make triton-server` (`make test` builds it)",
+    reason=f"the Triton tool venv ({TOOL_VENV}) is missing: run `make triton-server` (`make test` builds it)",
 )
 
 #: What Kiln publishes in the fixture below, and the backend each model's config asks for.
@@ -46,6 +46,19 @@ BACKENDS = {"cnn-onnxruntime": "onnxruntime", "cnn-openvino": "openvino", "cnn-u
 def _tool() -> TritonTool:
     assert TOOL is not None
     return TOOL
+
+
+def _pins(path: Path) -> dict[str, str]:
+    lines = (line.split("==") for line in path.read_text().splitlines() if "==" in line and not line.startswith("#"))
+    return {name.strip().lower(): version.strip() for name, version in lines}
+
+
+def test_the_standin_runtimes_are_kilns_versions() -> None:
+    """The tool venv runs onnxruntime and OpenVINO at the versions Kiln compiles and checks parity with."""
+    kiln, triton = _pins(REPO_ROOT / "constraints.txt"), _pins(REPO_ROOT / "constraints-triton.txt")
+    for package in ("onnxruntime", "openvino"):
+        assert triton[package] == kiln[package], package
+    assert triton["numpy"].startswith("1."), "the Python backend stub is built against numpy 1's ABI"
 
 
 def _read_config(model_dir: Path) -> Any:
@@ -139,6 +152,7 @@ BROKEN: dict[str, tuple[str, Callable[[Any], None], str]] = {
 }
 
 
+@needs_triton
 def test_triton_accepts_kilns_configs_and_lacks_only_the_backend_libraries(published: Path, tmp_path: Path) -> None:
     """Kiln's configs pass Triton's validation; the same server rejects broken ones with a config error."""
     root = tmp_path / "root"
@@ -165,6 +179,10 @@ def test_triton_accepts_kilns_configs_and_lacks_only_the_backend_libraries(publi
 @pytest.fixture(scope="module")
 def standin_server(published: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
     """Triton on Kiln's published root, unchanged, with the stand-in backends; every model loaded."""
+    missing = _tool().missing_stub_libraries()
+    assert not missing, (
+        f"the Python backend stub cannot start, missing {missing} (Debian: apt-get install libpython3.11)"
+    )
     work = tmp_path_factory.mktemp("triton-standins")
     backends = backend_directory(_tool(), work / "backends", standins=("onnxruntime", "openvino"))
     with TritonServer(_tool(), published, backends, work) as server:
@@ -186,6 +204,7 @@ def _close(got: np.ndarray, want: np.ndarray) -> None:
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
+@needs_triton
 def test_triton_serves_kilns_onnxruntime_model_through_a_standin_backend(
     published: Path, standin_server: TritonServer
 ) -> None:
@@ -218,6 +237,7 @@ def test_triton_serves_kilns_onnxruntime_model_through_a_standin_backend(
     _close(server.infer("cnn-unbatched", {"input": x})["output"], _ort(published, "cnn-unbatched", x))
 
 
+@needs_triton
 def test_triton_serves_kilns_openvino_model_through_a_standin_backend(
     published: Path, standin_server: TritonServer
 ) -> None:
@@ -239,6 +259,7 @@ def test_triton_serves_kilns_openvino_model_through_a_standin_backend(
         np.testing.assert_allclose(got, _ort(published, "cnn-onnxruntime", x), rtol=1e-4, atol=1e-4)
 
 
+@needs_triton
 def test_standin_backend_refuses_a_config_that_disagrees_with_the_model(published: Path, tmp_path: Path) -> None:
     """The stand-ins check the config against the artifact as the real backends do: a wrong shape fails the load."""
     root = tmp_path / "root"

@@ -1,6 +1,6 @@
 """A real Triton Inference Server (the ``tritonserver`` binary of the nvidia-pytriton wheel) for tests.
 
-The binary lives in a venv of its own, ``.venv-triton`` (``make triton-server``, pinned by
+The binary lives in a venv of its own, the Makefile's ``TRITON_VENV`` (``make triton-server``, pinned by
 ``constraints-triton.txt``): nvidia-pytriton pins numpy<2 and brings tritonclient's
 protobuf/grpcio pins, which Kiln's lock cannot meet. That venv also holds onnxruntime and
 OpenVINO at Kiln's versions, for the stand-in backends (tests/triton_standins/).
@@ -40,8 +40,17 @@ import numpy as np
 __all__ = ["STANDINS", "TOOL_VENV", "TritonServer", "TritonTool", "backend_directory", "find_triton"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _makefile_tool_venv() -> Path:
+    """The folder the Makefile's ``triton-server`` target builds the tool venv in (``TRITON_VENV``)."""
+    found = re.search(r"^TRITON_VENV\s*:=\s*(\S+)", (REPO_ROOT / "Makefile").read_text(), re.M)
+    assert found is not None, "the Makefile names no TRITON_VENV"
+    return REPO_ROOT / found[1]
+
+
 #: The tool venv ``make triton-server`` builds (``KILN_TRITON_VENV`` overrides it).
-TOOL_VENV = Path(os.environ.get("KILN_TRITON_VENV", REPO_ROOT / ".venv-triton"))
+TOOL_VENV = Path(os.environ.get("KILN_TRITON_VENV") or _makefile_tool_venv())
 #: Test-only Python-based stand-ins for Triton's onnxruntime and openvino backend libraries.
 STANDINS = Path(__file__).resolve().parent / "triton_standins"
 
@@ -91,6 +100,12 @@ class TritonTool:
     @property
     def stub(self) -> Path:
         return self.server_dir / "python_backend_stubs" / self.python_version / "triton_python_backend_stub"
+
+    def missing_stub_libraries(self) -> list[str]:
+        """Shared libraries the stub needs that the loader cannot find (the system's libpython, say)."""
+        env = {**os.environ, "LD_LIBRARY_PATH": str(self.libs)}
+        out = subprocess.run(["ldd", str(self.stub)], capture_output=True, text=True, env=env, check=False).stdout
+        return [line.split()[0] for line in out.splitlines() if "not found" in line]
 
 
 def find_triton(venv: Path = TOOL_VENV) -> TritonTool | None:
