@@ -11,7 +11,8 @@ backend (``backends/python``) and its stub built for Python 3.8-3.13
 ``nvidia_pytriton.libs``. No onnxruntime, OpenVINO or TensorRT backend.
 
 How the Python backend stub finds its Python (measured here): the stub links
-``libpython<X.Y>.so.1.0`` from the system (Debian's libpython3.11 here) and starts an isolated
+``libpython<X.Y>.so.1.0`` (the venv's base interpreter's when it has one, see
+:meth:`TritonTool.library_path`, else the system's) and starts an isolated
 interpreter, so PYTHONPATH is ignored; the interpreter takes its prefix, and so its
 site-packages, from the first ``python3`` on PATH. :class:`TritonServer` puts the tool venv's
 ``bin`` first on PATH, so the stub runs with the tool venv's numpy (1.26; the stub is built
@@ -101,9 +102,27 @@ class TritonTool:
     def stub(self) -> Path:
         return self.server_dir / "python_backend_stubs" / self.python_version / "triton_python_backend_stub"
 
+    def library_path(self) -> str:
+        """LD_LIBRARY_PATH for the server and its stubs: the wheel's libraries, then the venv's own libpython.
+
+        The stub links ``libpython<X.Y>.so.1.0``; where the interpreter the venv was made from
+        was built shared (pyenv's is), its libpython comes first, so the stub's interpreter and
+        the stdlib it loads are one build. Otherwise the loader takes the system's (Debian's
+        libpython3.11 package).
+        """
+        paths = [str(self.libs)]
+        home = re.search(r"^home\s*=\s*(.+)$", (self.venv / "pyvenv.cfg").read_text(), re.M)
+        if home is not None:
+            lib = Path(home[1].strip()).parent / "lib"
+            if (lib / f"libpython{self.python_version}.so.1.0").is_file():
+                paths.append(str(lib))
+        if os.environ.get("LD_LIBRARY_PATH"):
+            paths.append(os.environ["LD_LIBRARY_PATH"])
+        return ":".join(paths)
+
     def missing_stub_libraries(self) -> list[str]:
         """Shared libraries the stub needs that the loader cannot find (the system's libpython, say)."""
-        env = {**os.environ, "LD_LIBRARY_PATH": str(self.libs)}
+        env = {**os.environ, "LD_LIBRARY_PATH": self.library_path()}
         out = subprocess.run(["ldd", str(self.stub)], capture_output=True, text=True, env=env, check=False).stdout
         return [line.split()[0] for line in out.splitlines() if "not found" in line]
 
@@ -200,7 +219,7 @@ class TritonServer:
         env = dict(os.environ)
         # The stub's isolated interpreter takes its prefix from the first python3 on PATH.
         env["PATH"] = f"{self.tool.venv / 'bin'}:{env.get('PATH', '')}"
-        env["LD_LIBRARY_PATH"] = ":".join(p for p in (str(self.tool.libs), env.get("LD_LIBRARY_PATH")) if p)
+        env["LD_LIBRARY_PATH"] = self.tool.library_path()
         for var in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"):
             env.pop(var, None)
         with open(self.log_path, "wb") as log:
