@@ -4,8 +4,12 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 EXTRAS := onnxruntime,openvino,tensorflow,torch,paddle,mnn,mindspore,ncnn,tvm,service,dev
+# A real Triton server for tests/test_triton_server.py, in a venv of its own (its pins clash
+# with Kiln's: numpy<2, protobuf<7); onnxruntime and openvino run its test-only stand-in backends.
+TRITON_VENV := .venv-triton
+TRITON_PACKAGES := nvidia-pytriton onnxruntime openvino
 
-.PHONY: setup demo test lint typecheck lock benchmarks smoke clean
+.PHONY: setup triton-server demo test lint typecheck lock lock-triton benchmarks smoke clean
 
 setup: $(VENV)/.installed
 
@@ -16,11 +20,19 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(BIN)/pip check
 	touch $@
 
+triton-server: $(TRITON_VENV)/.installed
+
+$(TRITON_VENV)/.installed: constraints-triton.txt
+	test -x $(TRITON_VENV)/bin/python || $(PYTHON) -m venv $(TRITON_VENV)
+	$(TRITON_VENV)/bin/pip install --quiet -c constraints-triton.txt $(TRITON_PACKAGES)
+	$(TRITON_VENV)/bin/pip check
+	touch $@
+
 demo: setup
 	$(BIN)/kiln compile examples/tiny_cnn.onnx --target onnxruntime --target openvino \
 		--repo model-repository --name tiny-cnn
 
-test: setup
+test: setup triton-server
 	$(BIN)/python -m pytest
 
 lint: setup
@@ -34,6 +46,10 @@ typecheck: setup
 lock: setup
 	$(BIN)/pip freeze --exclude-editable | grep -v '^kiln' > constraints.txt.new && mv constraints.txt.new constraints.txt
 
+lock-triton: triton-server
+	{ grep '^#' constraints-triton.txt; $(TRITON_VENV)/bin/pip freeze; } > constraints-triton.txt.new \
+		&& mv constraints-triton.txt.new constraints-triton.txt
+
 benchmarks: setup
 	$(BIN)/python benchmarks/run_all.py
 
@@ -42,4 +58,4 @@ smoke: setup
 	$(BIN)/python docker/smoke.py
 
 clean:
-	rm -rf $(VENV) model-repository .pytest_cache
+	rm -rf $(VENV) $(TRITON_VENV) model-repository .pytest_cache
