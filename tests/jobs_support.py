@@ -107,9 +107,32 @@ def redis_url(db: int = 13) -> str:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """Return ``n`` distinct free 127.0.0.1 ports for a server a test starts."""
+    # Hold all sockets open until every port is picked, so the n ports are distinct.
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def die_with_parent() -> None:
+    """In a server's child process (``preexec_fn``): ask Linux to SIGKILL it when the test process dies, even by SIGKILL."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux/glibc: the server's stop() still kills it on a normal exit
 
 
 def service_env(**kiln: Any) -> dict[str, str]:

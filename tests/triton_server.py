@@ -26,7 +26,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import uuid
@@ -37,6 +36,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+from jobs_support import die_with_parent, free_ports
 
 __all__ = ["STANDINS", "TOOL_VENV", "TritonServer", "TritonTool", "backend_directory", "find_triton"]
 
@@ -156,28 +156,6 @@ def backend_directory(tool: TritonTool, dest: Path, standins: Iterable[str] = ()
     return dest
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def _die_with_parent() -> None:
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 class TritonServer:
     """``tritonserver`` on free 127.0.0.1 ports, explicit model control, strict configs; a context manager."""
 
@@ -197,7 +175,7 @@ class TritonServer:
         self.stop()
 
     def start(self) -> None:
-        http, grpc, metrics = _free_ports(3)
+        http, grpc, metrics = free_ports(3)
         args = [
             str(self.tool.binary),
             f"--model-repository={self.model_repository}",
@@ -229,7 +207,7 @@ class TritonServer:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
         self.http = httpx.Client(base_url=f"http://127.0.0.1:{http}", timeout=60.0)
         deadline = time.monotonic() + _START_TIMEOUT
