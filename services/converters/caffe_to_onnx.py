@@ -522,7 +522,7 @@ def caffe_to_onnx(ctx: StepContext) -> Artifact:
     """Convert the Caffe source (deploy prototxt + caffemodel) to model.onnx."""
     import onnx
 
-    opset = int(ctx.step.options.get("opset") or ctx.spec.opset or DEFAULT_OPSET)
+    opset = ctx.opset(DEFAULT_OPSET)
     net = load_caffe_net(ctx.model.path)
     ctx.progress(f"converting Caffe net {net.name!r} ({len(net.layers)} layers) to ONNX opset {opset}")
     try:

@@ -16,7 +16,7 @@ import io
 import warnings
 
 from services.artifacts import Artifact
-from services.converters.torch_to_onnx import MODEL_FILE, _describe, _failed, _opset
+from services.converters.torch_to_onnx import DEFAULT_OPSET, MODEL_FILE, _describe, _failed
 from services.errors import KilnError
 from services.formats import Format
 from services.pipeline.context import StepContext
@@ -33,7 +33,7 @@ def huggingface_to_onnx(ctx: StepContext) -> Artifact:
 
     options = ctx.spec.engine_options(HuggingFaceOptions)
     runner = HuggingFaceRunner(ctx.model.path, inputs=ctx.spec.inputs, options=options)
-    opset = _opset(ctx)
+    opset = ctx.opset(DEFAULT_OPSET)
     dims: dict[str, torch.export.Dim] = {}
     dynamic: list[dict[int, torch.export.Dim]] = []
     for t in runner.inputs:

@@ -356,7 +356,7 @@ def mindir_to_onnx(ctx: StepContext) -> Artifact:
     """Convert the vetted MindIR source to model.onnx."""
     import onnx
 
-    opset = int(ctx.step.options.get("opset") or ctx.spec.opset or DEFAULT_OPSET)
+    opset = ctx.opset(DEFAULT_OPSET)
     model = vet_mindir(ctx.model.path)
     ctx.progress(f"converting MindIR ({len(model.graph.node)} nodes) to ONNX opset {opset}")
     try:

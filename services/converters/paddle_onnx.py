@@ -60,7 +60,7 @@ def paddle_to_onnx(ctx: StepContext) -> Artifact:
     import paddle2onnx
 
     runner = PaddleRunner(ctx.model.path)  # vets, stages a private copy, and knows Paddle's I/O names
-    opset = int(ctx.step.options.get("opset") or ctx.spec.opset or DEFAULT_OPSET)
+    opset = ctx.opset(DEFAULT_OPSET)
     dst = ctx.out_dir / MODEL_FILE
     ctx.progress(f"converting the Paddle {runner.model.program.suffix} program to ONNX opset {opset} with {TOOL}")
     log = io.StringIO()

@@ -82,8 +82,7 @@ def keras_to_savedmodel(ctx: StepContext) -> Artifact:
     dest = ctx.out_dir / SAVEDMODEL_DIR
     ctx.progress("exporting the Keras model as a SavedModel (serving_default)")
     try:
-        model, concrete = keras_serving_concrete(ctx.model.path)
-        write_keras_savedmodel(model, dest, concrete=concrete)
+        write_keras_savedmodel(model, dest, concrete=keras_serving_concrete(ctx.model.path)[1])
     except Exception as exc:  # TF raises many types while tracing a model into a graph
         raise ConversionFailed(
             f"Keras could not export {ctx.model.path.name} as a SavedModel: {exc}",

@@ -36,10 +36,6 @@ MODEL_FILE = "model.onnx"
 TOOL = "tf2onnx"
 
 
-def _opset(ctx: StepContext) -> int:
-    return int(ctx.step.options.get("opset") or ctx.spec.opset or DEFAULT_OPSET)
-
-
 def _failed(ctx: StepContext, what: str, exc: Exception) -> ConversionFailed:
     text = str(exc).strip()
     last = text.splitlines()[-1] if text else type(exc).__name__
@@ -159,7 +155,8 @@ def _collected_optimizers() -> dict[str, Any]:
     graph), so each dropped copy, weights included, waits for a full collection, which
     Python's heuristics seldom run. Measured on Keras ResNet-50 (98 MiB of weights): 6.1 GiB
     of garbage piled up and the optimizers took 16.4 s; collecting before each one holds the
-    step at the size of two copies and took 6.5 s (docs/benchmarks.md).
+    step at the size of two copies: 6.5 s, and 2.5 s with the ``gc.freeze`` _from_function
+    adds around them (docs/benchmarks.md).
     """
     import gc
 
@@ -204,10 +201,10 @@ def _frozen_for_tf2onnx(concrete: Any, inputs: list[str], outputs: list[str]) ->
         return tf_loader.tf_optimize(inputs, outputs, graph_def), unblocked
 
 
-def _from_function(
-    ctx: StepContext, fn: Any, signature: list[Any], what: str, traced: Callable[[], Any] | None = None
-) -> Artifact:
-    """Trace ``fn``, freeze it and convert the frozen graph with tf2onnx; return model.onnx.
+def _from_function(ctx: StepContext, trace: Callable[[], Any], n_inputs: int, what: str) -> Artifact:
+    """Trace the serving function (``trace()``), freeze it and convert it with tf2onnx; return model.onnx.
+
+    The traced function's first ``n_inputs`` inputs are the signature's; the rest are captures.
 
     Kiln freezes the function itself instead of calling ``tf2onnx.convert.from_function``:
     that one takes every input of the concrete function as a graph input, captured constants
@@ -219,13 +216,13 @@ def _from_function(
     import tensorflow as tf
     import tf2onnx
 
-    opset = _opset(ctx)
+    opset = ctx.opset(DEFAULT_OPSET)
     ctx.progress(f"converting {what} to ONNX opset {opset} with tf2onnx")
     out = ctx.out_dir / MODEL_FILE
     try:
-        concrete = traced() if traced else tf.function(fn, input_signature=signature).get_concrete_function()
+        concrete = trace()
         # The signature's tensors come first; the rest are captures, frozen into constants.
-        inputs = [t.name for t in concrete.inputs[: len(signature)]]
+        inputs = [t.name for t in concrete.inputs[:n_inputs]]
         outputs = [t.name for t in concrete.outputs if t.dtype != tf.resource]
         renames = tf2onnx.convert.tensor_names_from_structed(concrete, inputs, outputs)
         with tf.device("/cpu:0"):
@@ -269,13 +266,14 @@ def _from_function(
 
 def keras_to_onnx(ctx: StepContext) -> Artifact:
     """Convert a Keras model (loaded in safe mode, never running stored code) to model.onnx."""
-    from services.runners.tensorflow import keras_serving_concrete, keras_serving_function, load_keras_model
+    from services.runners.tensorflow import keras_serving_concrete, load_keras_model
 
-    model = load_keras_model(ctx.model.path)
-    fn, signature = keras_serving_function(model)
-    # The trace keras-to-savedmodel made, when the same process ran it for this job.
-    traced = lambda: keras_serving_concrete(ctx.model.path)[1]  # noqa: E731
-    return _from_function(ctx, fn, signature, f"Keras model {ctx.model.path.name}", traced)
+    model = load_keras_model(ctx.model.path)  # unsafe or unreadable files fail here, with their own codes
+
+    def trace() -> Any:  # the job's one trace when the same process ran other steps of it
+        return keras_serving_concrete(ctx.model.path)[1]
+
+    return _from_function(ctx, trace, len(model.inputs), f"Keras model {ctx.model.path.name}")
 
 
 def savedmodel_to_onnx(ctx: StepContext) -> Artifact:
@@ -293,7 +291,10 @@ def savedmodel_to_onnx(ctx: StepContext) -> Artifact:
     def serve(*args: Any) -> dict[str, Any]:
         return dict(sig(**dict(zip(names, args, strict=True))))
 
-    art = _from_function(ctx, serve, signature, f"SavedModel signature {name!r}")
+    def trace() -> Any:
+        return tf.function(serve, input_signature=signature).get_concrete_function()
+
+    art = _from_function(ctx, trace, len(signature), f"SavedModel signature {name!r}")
     art.meta["signature"] = name
     return art
 
@@ -335,7 +336,7 @@ def tflite_to_onnx(ctx: StepContext) -> Artifact:
 
     from services.onnx_io import save_onnx
 
-    opset = _opset(ctx)
+    opset = ctx.opset(DEFAULT_OPSET)
     src = ctx.model.path
     ctx.progress(f"converting TFLite {src.name} to ONNX opset {opset} with tf2onnx")
     try:

@@ -37,10 +37,6 @@ DEFAULT_OPSET = 18
 MODEL_FILE = "model.onnx"
 
 
-def _opset(ctx: StepContext) -> int:
-    return int(ctx.step.options.get("opset") or ctx.spec.opset or DEFAULT_OPSET)
-
-
 def _failed(ctx: StepContext, exc: Exception, tool: str, hint: str) -> ConversionFailed:
     tail = "".join(traceback.format_exception(exc))[-2000:]
     return ConversionFailed(
@@ -85,7 +81,7 @@ def torchscript_to_onnx(ctx: StepContext) -> Artifact:
     from services.runners.torch import TorchScriptRunner
 
     runner = TorchScriptRunner(ctx.model.path, inputs=ctx.spec.inputs)
-    opset = _opset(ctx)
+    opset = ctx.opset(DEFAULT_OPSET)
     rng = np.random.default_rng(ctx.spec.validation.seed)
     example = tuple(torch.from_numpy(random_input(t, resolve_shape(t, ctx.spec), rng)) for t in runner.inputs)
     dynamic_axes = {
@@ -141,7 +137,7 @@ def exported_program_to_onnx(ctx: StepContext) -> Artifact:
     from services.runners.torch import ExportedProgramRunner
 
     runner = ExportedProgramRunner(ctx.model.path, inputs=ctx.spec.inputs)
-    opset = _opset(ctx)
+    opset = ctx.opset(DEFAULT_OPSET)
     dst = ctx.out_dir / MODEL_FILE
     ctx.progress(f"exporting the ExportedProgram to ONNX opset {opset}")
     log = io.StringIO()

@@ -45,6 +45,10 @@ class StepContext:
         """Return the reference artifact (validation inputs and source outputs)."""
         return self.inputs["reference"]
 
+    def opset(self, default: int) -> int:
+        """Return the ONNX opset a conversion writes: the step's option, else the spec's, else ``default``."""
+        return int(self.step.options.get("opset") or self.spec.opset or default)
+
     def progress(self, message: str) -> None:
         if self.on_progress is not None:
             self.on_progress(message)
