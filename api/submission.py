@@ -39,16 +39,17 @@ __all__ = ["prepare_job", "resubmit", "start_job", "submit_job"]
 log = logging.getLogger("kiln.api")
 
 
-def _open_vetted(path: Path, work: Path, override: Any, sha256: str) -> DetectedSource:
+def _open_vetted(path: Path, work: Path, override: Any, sha256: str, vet: bool = True) -> DetectedSource:
     """Detect the upload; every archive's members are vetted, whatever it turns out to hold.
 
     open_source extracts (and so vets) the archives it unpacks; an archive it does not
     recognise, or one its loader reads whole (Keras, TorchScript, torch.export), is vetted
-    here, so ``..``, absolute paths, links and bombs are UNSAFE_INPUT in every case.
+    here, so ``..``, absolute paths, links and bombs are UNSAFE_INPUT in every case. ``vet``:
+    the format's own vetting of the graph (off only in tests of the sandbox).
     """
     kind = archive_kind(path)
     try:
-        source = open_source(path, work, override, sha256=sha256)  # hashed while it streamed in
+        source = open_source(path, work, override, sha256=sha256, vet=vet)  # hashed while it streamed in
     except UnsupportedFormat:
         if kind:
             safe_extract(path, work / "vet")
@@ -113,6 +114,7 @@ def prepare_job(
     owner: str | None,
     scratch_root: Path,
     live_engines: Collection[str] | None = None,
+    vet: bool = True,
 ) -> NewJob:
     """Validate, detect and plan ``upload`` and put its files in the store; return the job to record.
 
@@ -142,7 +144,7 @@ def prepare_job(
     scratch_root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="detect-", dir=scratch_root) as tmp:
         # Detection and archive vetting (UNSAFE_INPUT) happen here, before anything is stored.
-        source = _open_vetted(model.path, Path(tmp), spec.source_format, model.sha256)
+        source = _open_vetted(model.path, Path(tmp), spec.source_format, model.sha256, vet)
         plan = plan_routes(source.format, spec, registry, default_name=default_model_name(model.path))
         _require_workers(plan, spec, live_engines)
         _check_spec_inputs(source, spec)
@@ -182,6 +184,7 @@ def submit_job(
     owner: str | None,
     scratch_root: Path,
     worker_max_age: float | None = None,
+    vet: bool = True,
 ) -> str:
     """Accept ``upload``: record the job with its first steps queued, enqueue them; return its id.
 
@@ -201,6 +204,7 @@ def submit_job(
             owner=owner,
             scratch_root=scratch_root,
             live_engines=live,
+            vet=vet,
         )
         advance = jobs.submit_job(new)
         start_job(jobs, celery_app, new.id, advance.queued)

@@ -11,6 +11,7 @@ import os
 from enum import Enum
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -108,6 +109,18 @@ class Settings(BaseSettings):
     step_stale_after: float = Field(
         default=60.0, gt=0, description="Seconds without a heartbeat after which a running step is requeued."
     )
+    # --- untrusted models (docs/security.md) ---
+    sandbox: Literal["auto", "bwrap", "landlock", "off"] = Field(
+        default="auto",
+        description="How steps that load or run a user's model are confined (services/sandbox): auto = the "
+        "strongest this host allows (bubblewrap namespaces with Landlock per step, else Landlock alone); bwrap or "
+        "landlock = require it (refuse to start without); off = run them unconfined.",
+    )
+    vet_uploads: bool = Field(
+        default=True,
+        description="Vet uploaded graphs per format at submission (file, network, printing and Python-calling "
+        "ops refused with UNSAFE_INPUT). Turn off only to test the sandbox; production refuses false.",
+    )
     worker_wait_seconds: float = Field(
         default=3600.0,
         gt=0,
@@ -125,6 +138,8 @@ class Settings(BaseSettings):
                 problems.append("KILN_DATABASE_URL must name a server database (PostgreSQL)")
             if not self.broker_url:
                 problems.append("KILN_BROKER_URL must name a broker (Redis)")
+            if not self.vet_uploads or self.sandbox == "off":
+                problems.append("KILN_VET_UPLOADS must be true and KILN_SANDBOX not off")
             if problems:
                 raise ValueError("unsafe production settings: " + "; ".join(problems))
         return self

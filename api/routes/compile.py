@@ -93,6 +93,7 @@ async def submit(
         owner=principal.name,
         scratch_root=scratch / "detect",
         worker_max_age=request.app.state.worker_max_age,
+        vet=settings.vet_uploads,
     )
     request.app.state.metrics.jobs_submitted.inc()
     url = f"/jobs/{job_id}"

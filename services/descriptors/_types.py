@@ -90,6 +90,9 @@ class FormatDescriptor:
     loadable: str | None = None
     #: An archive of this format is read whole by its loader (Keras v3, TorchScript) instead of extracted.
     archive_is_the_model: bool = False
+    #: "module:function"(the loadable path) run at submission before anything reads the model: raises
+    #: UNSAFE_INPUT for what would reach outside the model when loaded (file, network, Python-calling ops).
+    vet: str | None = None
     #: The source's spec options (``options.<name>``, e.g. a Hugging Face task); they reach every step's cache key.
     options: type[BaseModel] | None = None
 

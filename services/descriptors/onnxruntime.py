@@ -34,6 +34,7 @@ DESCRIPTORS = (
         extensions=(".onnx",),
         runner="services.runners.onnx:OnnxRuntimeRunner",
         source_engine="onnxruntime",
+        vet="services.formats.onnx_model:vet_onnx",
     ),
     TargetDescriptor(
         name="onnxruntime",

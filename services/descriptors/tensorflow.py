@@ -37,6 +37,7 @@ DESCRIPTORS = (
         extensions=(".tar.gz", ".tgz", ".zip", ".tar"),
         runner="services.runners.tensorflow:SavedModelRunner",
         source_engine="tensorflow",
+        vet="services.formats.savedmodel:vet_savedmodel",
     ),
     FormatDescriptor(
         name="tflite",
@@ -44,6 +45,7 @@ DESCRIPTORS = (
         extensions=(".tflite",),
         runner="services.runners.tflite:TFLiteRunner",
         source_engine="tensorflow",
+        vet="services.formats.tflite:vet_tflite",
     ),
     TargetDescriptor(
         name="tflite",

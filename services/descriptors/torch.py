@@ -12,6 +12,7 @@ DESCRIPTORS = (
         runner="services.runners.torch:TorchScriptRunner",
         source_engine="onnxruntime",  # the onnxruntime image carries torch for the importers
         archive_is_the_model=True,  # a zip its loader reads whole
+        vet="services.formats.torchscript:vet_torchscript",
     ),
     FormatDescriptor(
         name="torch_export",

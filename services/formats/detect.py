@@ -214,12 +214,14 @@ def _resolve_loadable(fmt: Format, root: Path) -> Path:
 
 
 def open_source(
-    path: Path, work_dir: Path, override: Format | None = None, *, sha256: str | None = None
+    path: Path, work_dir: Path, override: Format | None = None, *, sha256: str | None = None, vet: bool = True
 ) -> DetectedSource:
     """Detect ``path`` and make it loadable, extracting archives safely into ``work_dir``.
 
     ``sha256`` is the file's hash when the caller already has it (the API hashes an upload
-    while streaming it to disk); hashing a 1 GiB model again costs seconds.
+    while streaming it to disk); hashing a 1 GiB model again costs seconds. ``vet`` runs the
+    format's vetting (its descriptor's ``vet``: UNSAFE_INPUT for graphs that would reach files,
+    the network or Python); only a test of the sandbox turns it off (KILN_VET_UPLOADS).
     """
     path = Path(path)
     try:
@@ -253,4 +255,7 @@ def open_source(
                 f"OpenVINO IR {loadable.name} has no {bin_path.name} beside it",
                 hint="Upload the .xml and .bin together, in a directory or archive.",
             )
+    entry = registry().formats[fmt.value].vet
+    if vet and entry is not None:
+        _load(entry)(loadable)
     return DetectedSource(format=fmt, path=loadable, seen=seen, sha256=digest)
