@@ -415,3 +415,51 @@ def slow_export_onnxruntime(ctx: Any) -> Any:
     while not (gate / "release").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     return export_onnxruntime(ctx)
+
+
+# --- a step that acts as a model that got code execution would (tests/test_sandbox.py) ---
+
+#: The planted secret: in the worker's environment (KILN_S3_SECRET_ACCESS_KEY) and in a file beside the test.
+PLANTED_SECRET = "kiln-planted-secret-7f3a9c1e"
+
+
+def escape_step(ctx: Any) -> Any:
+    """Try what a hostile model would; record each attempt's outcome in out.json (the artifact).
+
+    ``ctx.step.options["aims"]`` carries the test's targets: the secret file, a path outside
+    scratch to write, a listening loopback port and the worker's pid.
+    """
+    import socket
+
+    from services.artifacts import Artifact
+
+    aims = ctx.step.options["aims"]
+    seen: dict[str, str] = {}
+
+    def attempt(what: str, action: Any) -> None:
+        try:
+            seen[what] = "succeeded: " + str(action())[:200]
+        except Exception as exc:
+            seen[what] = f"refused: {type(exc).__name__}: {exc}"[:300]
+
+    attempt("secret_file", lambda: Path(aims["secret_file"]).read_text())
+    attempt("secret_env", lambda: os.environ["KILN_S3_SECRET_ACCESS_KEY"])
+    attempt("own_environ", lambda: Path("/proc/self/environ").read_bytes().decode(errors="replace"))
+    attempt("worker_environ", lambda: Path(f"/proc/{aims['worker_pid']}/environ").read_bytes()[:100])
+    attempt("write_outside", lambda: Path(aims["outside"]).write_text("pwned"))
+    attempt("connect", lambda: socket.create_connection(("127.0.0.1", aims["port"]), timeout=3).close())
+    attempt("signal_worker", lambda: os.kill(aims["worker_pid"], 0))
+    attempt("write_scratch", lambda: (ctx.scratch / "mine.txt").write_text("ok"))
+    # What a step prints, reports or fails with is redacted even when it knows a secret.
+    print(f"tool output: {PLANTED_SECRET}", flush=True)
+    ctx.progress(f"progress with {PLANTED_SECRET}")
+    (ctx.out_dir / "out.json").write_text(json.dumps(seen))
+    return Artifact(root=ctx.out_dir, kind="onnx", entry="out.json", meta={"note": f"meta {PLANTED_SECRET}"})
+
+
+def link_planting_step(ctx: Any) -> Any:
+    """Leaves a link to a host file in its output, hoping the worker copies the file into the artifact."""
+    from services.artifacts import Artifact
+
+    (ctx.out_dir / "model.onnx").symlink_to(ctx.step.options["aims"]["secret_file"])
+    return Artifact(root=ctx.out_dir, kind="onnx", entry="model.onnx")

@@ -164,8 +164,11 @@ def test_a_reused_child_starts_each_step_from_its_own_environment(env: dict[str,
     untidy, _ = _observe(env, "untidy_step", "untidy")
     probe, after = _observe(env, "probe_step", "probe-after")
     assert probe.pid == untidy.pid  # the same process ran both ...
-    # ... yet the second saw neither the variable nor the directory the first one left.
-    assert after == before and after.startswith("- ") and not after.endswith(" /")
+    # ... yet the second saw neither the variable nor the directory the first one left: each
+    # step starts in its own scratch folder (cwd, HOME and TMPDIR), a fresh one per step.
+    (var_before, cwd_before), (var_after, cwd_after) = before.split(" "), after.split(" ")
+    assert var_before == var_after == "-" and cwd_after != "/"
+    assert cwd_before.endswith("/scratch") and cwd_after.endswith("/scratch") and cwd_after != cwd_before
 
 
 def test_a_failed_step_takes_its_child_with_it(env: dict[str, Any]) -> None:

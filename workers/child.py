@@ -20,6 +20,15 @@ file, sends progress lines and its result over a pipe. Children die with the for
 (PR_SET_PDEATHSIG), which dies with the worker. The parent enforces the soft (SIGTERM) and
 hard (SIGKILL) time limits, stops the child when the job is cancelled, and turns a death by
 signal into CONVERSION_FAILED naming the signal and the tail of the child's output.
+
+Children are sandboxed (services/sandbox, docs/security.md): the forkserver starts inside
+bubblewrap (no network, an empty root with only the interpreter, the code and the
+read-only artifact folders bound in, no environment secrets), and each child confines
+itself with Landlock to its own folder under ``<cache>/sandbox`` before it takes a step.
+So the child only runs the step's function on local files: this (trusted) process fetches
+the inputs, opens the source, stores the output (taken back without following anything the
+child left in it) and publishes. Messages from a child are JSON, never unpickled here, and
+whatever it printed or reported is cut of the configured secrets (services/sandbox/redact.py).
 """
 
 from __future__ import annotations
@@ -36,12 +45,17 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from services.artifacts import Artifact
 from services.descriptors import concrete_engines
 from services.errors import Cancelled, ConversionFailed, KilnError, StorageFull, Timeout
 from services.outages import storage_full
+from services.pipeline.context import StepContext
+from services.sandbox import Protection, Redactor, SandboxView, host_protection, sandbox_view
+from services.sandbox.outputs import claim_output
 from services.settings import Settings
+from services.storage.base import ArtifactStore
 
 __all__ = [
     "CHILD_IDLE_SECONDS",
@@ -51,6 +65,7 @@ __all__ = [
     "StepRequest",
     "fetch_local",
     "preload_modules",
+    "protection",
     "run_in_child",
     "shutdown_children",
 ]
@@ -91,6 +106,8 @@ MAX_CHILD_RSS = 1 << 30
 CHILD_IDLE_SECONDS = 300.0
 #: How long an idle child may take to acknowledge a step before a fresh one is used instead.
 ACK_TIMEOUT = 10.0
+#: The largest message a child may send (its artifact's metadata, an error): more is a broken child.
+MAX_MESSAGE_BYTES = 16 << 20
 
 
 @dataclass
@@ -144,6 +161,10 @@ def preload_modules(engines: list[str], settings: Settings | None = None) -> lis
 
 
 _CONTEXT: Any = None
+#: The protection this process's step children get, and the view its forkserver was started with.
+_PROTECTION: Protection | None = None
+_VIEW: SandboxView | None = None
+_SANDBOX_LOCK = threading.Lock()
 
 
 def _context(engines: list[str] | None = None, settings: Settings | None = None) -> Any:
@@ -160,11 +181,53 @@ def _context(engines: list[str] | None = None, settings: Settings | None = None)
         # Missing optional modules are skipped by the forkserver itself.
         ctx.set_forkserver_preload(preload_modules(engines or [], settings))
         _CONTEXT = ctx
+    if settings is not None:
+        _ensure_sandbox(settings)
     return _CONTEXT
 
 
+def _step_reads(settings: Settings) -> list[Path]:
+    """Return the folders a step reads its inputs from: the host's fetch cache and a local store."""
+    reads = [settings.cache_dir / "worker-fetch"]
+    if not settings.store_location.startswith("s3://"):
+        reads.append(Path(settings.store_location))
+    for p in reads:
+        p.mkdir(parents=True, exist_ok=True)
+    return reads
+
+
+def protection(settings: Settings) -> Protection:
+    """Return (and fix, for this process) the protection step children get under ``settings``."""
+    global _PROTECTION
+    if _PROTECTION is None:
+        _PROTECTION = host_protection(settings.sandbox)
+    return _PROTECTION
+
+
+def _ensure_sandbox(settings: Settings) -> None:
+    """Start (or restart, when a step needs folders it does not see) the forkserver inside the sandbox."""
+    global _VIEW
+    prot = protection(settings)
+    if not prot.confined:
+        return
+    with _SANDBOX_LOCK:
+        root = _VIEW.root if _VIEW is not None else settings.cache_dir / "sandbox"
+        view = sandbox_view(root, read=[*(_VIEW.read if _VIEW else ()), *_step_reads(settings)])
+        if _VIEW is not None and _VIEW.covers(view):
+            return
+        import multiprocessing.forkserver as fs
+
+        from services.sandbox.launcher import write_launcher
+
+        if _VIEW is not None:  # a forkserver without these folders: its children could not read them
+            shutdown_children()
+            fs._forkserver._stop()  # type: ignore[attr-defined]
+        _CONTEXT.set_executable(str(write_launcher(prot, view, root / ".launcher")))
+        _VIEW = view
+
+
 def configure(engines: list[str], settings: Settings | None = None) -> None:
-    """Choose what this process's forkserver preloads (call before the first step)."""
+    """Choose what this process's forkserver preloads and how its children are sandboxed (before the first step)."""
     _context(engines, settings)
 
 
@@ -241,30 +304,68 @@ def _rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _run_reporting(req: StepRequest, conn: Any) -> dict[str, Any]:
-    """Run ``req`` and return the payload to report, whatever happened."""
+def _send(conn: Any, message: list[Any]) -> None:
+    # JSON, never pickle: the parent must not unpickle what a confined (untrusted) process sends.
+    conn.send_bytes(json.dumps(message, default=str).encode())
+
+
+def _call_reporting(ctx: StepContext, conn: Any) -> dict[str, Any]:
+    """Run the step's function on ``ctx`` and return the payload to report, whatever happened."""
+    from services.pipeline.executor import call_step_function
+    from services.pipeline.host_gate import host_share
+    from services.pipeline.memory import StepMemory
+
+    memory = StepMemory.start()
+    ctx.on_progress = lambda m: _send(conn, ["progress", str(m)[:4000]])
     try:
-        return _run(req, lambda m: conn.send(("progress", m)))
+        with host_share():  # this process runs the step: its benchmark sets the share down (host_gate)
+            art = call_step_function(ctx)
+        return {
+            "ok": True,
+            "root": str(art.root),
+            "kind": art.kind,
+            "entry": art.entry,
+            "meta": art.meta,
+            "memory": memory.record(),
+        }
     except KilnError as exc:
         return {"ok": False, "error": exc.to_dict()}
     except BaseException as exc:  # the step must report, whatever happened
-        if storage_full(exc):  # e.g. fetching its inputs into a full scratch disk
-            return {"ok": False, "error": StorageFull(f"step {req.step['id']}: {exc}", step=req.step["id"]).to_dict()}
-        tail = traceback.format_exc()[-LOG_TAIL_CHARS:]
+        step = ctx.step.id
+        if storage_full(exc):  # e.g. writing its output into a full scratch disk
+            return {"ok": False, "error": StorageFull(f"step {step} ran out of disk space: {exc}", step=step).to_dict()}
+        tail = "".join(traceback.format_exception(exc))[-LOG_TAIL_CHARS:]
         err = ConversionFailed(
-            f"step {req.step['id']} failed: {type(exc).__name__}: {exc}",
-            step=req.step["id"],
-            tool=req.step.get("tool", ""),
+            f"step {step} failed in {ctx.step.tool}: {type(exc).__name__}: {exc}",
+            step=step,
+            tool=ctx.step.tool,
             output_tail=tail,
         )
         return {"ok": False, "error": err.to_dict()}
 
 
-def _child_loop(conn: Any) -> None:
-    """Body of a step child: run the steps the parent sends, one at a time, until told to retire."""
+def _enter_step(ctx: StepContext) -> None:
+    """Give the step its scratch folder as working directory, HOME and TMPDIR."""
+    os.chdir(ctx.scratch)
+    for var in ("HOME", "TMPDIR", "TMP", "TEMP"):
+        os.environ[var] = str(ctx.scratch)
+    import tempfile
+
+    tempfile.tempdir = None  # recomputed from TMPDIR
+
+
+def _child_loop(conn: Any, own: str | None = None, view: SandboxView | None = None, landlock: bool = False) -> None:
+    """Body of a step child: confine itself to ``own``, then run the steps the parent sends until told to retire."""
     _die_with_parent()
     _redirect_output(None)
     _own_output()
+    if own is not None:
+        Path(own).mkdir(parents=True, exist_ok=True)
+        os.chdir(own)
+        if landlock and view is not None:
+            from services.sandbox.confine import confine_self
+
+            confine_self(view, Path(own))
     home, environ = os.getcwd(), dict(os.environ)
     served = 0
     while True:
@@ -276,18 +377,19 @@ def _child_loop(conn: Any) -> None:
             break
         if msg is None:
             break
-        req, log_path = msg
-        conn.send(("ack", os.getpid()))
+        ctx, log_path = msg
+        _send(conn, ["ack", os.getpid()])
         # A previous step may have changed these; each step starts from the child's own.
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        _redirect_output(log_path)
-        payload = _run_reporting(req, conn)
+        _redirect_output(Path(log_path))
+        _enter_step(ctx)
+        payload = _call_reporting(ctx, conn)
         served += 1
         # Only a clean success leaves the child fit for more: after a failure, whatever the
         # tool left behind (threads, half-built state) goes with the process.
         payload["retire"] = not payload.get("ok") or served >= MAX_STEPS_PER_CHILD or _rss_bytes() > MAX_CHILD_RSS
         _redirect_output(None)  # flushes the step's log before the parent reads its tail
-        conn.send(("done", payload))
+        _send(conn, ["done", payload])
         if payload["retire"]:
             break
         os.chdir(home)
@@ -331,10 +433,16 @@ def _open_source(req: StepRequest, path: Path, work: Path, override: Any) -> Any
         return DetectedSource(
             format=Format(req.source_format), path=path, seen=req.source_seen, sha256=req.source_sha256
         )
-    return open_source(path, work, override, sha256=req.source_sha256 if path.is_file() else None)
+    sha = req.source_sha256 if path.is_file() else None
+    return open_source(path, work, override, sha256=sha, vet=req.settings.vet_uploads)
 
 
-def _run(req: StepRequest, progress: Callable[[str], None]) -> dict[str, Any]:
+class _Lost(BaseException):  # not an Exception: the executor must not turn it into CONVERSION_FAILED
+    """The step was taken over by another worker while its child ran: record nothing."""
+
+
+def _run(req: StepRequest, call: Any, work: Path, progress: Callable[[str], None]) -> Any:
+    """Fetch the step's inputs, open the source and run the step (its function through ``call``); return the outcome."""
     from services.formats import Format
     from services.graph.planner import PlanStep
     from services.jobs.backends import open_repository, open_store
@@ -348,21 +456,24 @@ def _run(req: StepRequest, progress: Callable[[str], None]) -> dict[str, Any]:
     fetch_root = settings.cache_dir / "worker-fetch"
     fetch_root.mkdir(parents=True, exist_ok=True)
     src_dir = fetch_local(store, req.source_key, fetch_root)
-    work = req.scratch / "work"
     work.mkdir(parents=True, exist_ok=True)
     override = Format(spec.source_format) if spec.source_format else None
     source = _open_source(req, _uploaded_file(src_dir, req.source_filename), work, override)
     calibration_path = None
     if req.calibration_key and req.calibration_filename:
         calibration_path = _uploaded_file(fetch_local(store, req.calibration_key, fetch_root), req.calibration_filename)
+    # A stored input is read where the child can see it: the store's own folder, or the fetch cache.
+    inputs = {r: k for r, k in req.input_keys.items() if store.local_path(k) is None}
+    for key in inputs.values():
+        fetch_local(store, key, fetch_root)
     repository = open_repository(settings) if step.kind == "publish" else None
-    outcome = run_step(
+    return run_step(
         step,
         job_id=req.job_id,
         spec=spec,
         source=source,
         input_keys=req.input_keys,
-        store=store,
+        store=cast(ArtifactStore, _FetchedStore(store, fetch_root)),
         scratch=req.scratch / "step",
         repository=repository,
         on_progress=progress,
@@ -370,42 +481,77 @@ def _run(req: StepRequest, progress: Callable[[str], None]) -> dict[str, Any]:
         calibration_sha=req.calibration_sha256,
         use_cache=req.use_cache,
         route_attempts=req.route_attempts,
+        call=call,
     )
-    return {
-        "ok": True,
-        "key": outcome.key,
-        "cached": outcome.cached,
-        "seconds": outcome.seconds,
-        "meta": _json_safe(outcome.meta),
-    }
+
+
+class _FetchedStore:
+    """The job's store, with inputs read from the host's fetch cache when the store is remote."""
+
+    def __init__(self, store: Any, fetch_root: Path) -> None:
+        self._store, self._fetch_root = store, fetch_root
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def local_path(self, key: str) -> Path | None:
+        local = self._store.local_path(key)
+        if local is not None:
+            return Path(local)
+        cached = self._fetch_root / key.replace("/", "_")
+        return cached if (cached / ".kiln-fetched").exists() else None
 
 
 # --- the parent --------------------------------------------------------------------------
 
 
 class _StepChild:
-    """A child process and the parent's end of its pipe."""
+    """A child process, the parent's end of its pipe and the folder it may write."""
 
-    def __init__(self, ctx: Any) -> None:
+    def __init__(self, ctx: Any, root: Path) -> None:
+        import uuid
+
         self.conn, theirs = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(target=_child_loop, args=(theirs,), name="kiln-step")
+        self.dir = root / f"child-{uuid.uuid4().hex[:12]}"
+        confined = _VIEW is not None and _PROTECTION is not None and _PROTECTION.confined
+        landlock = bool(_PROTECTION and _PROTECTION.landlock and _VIEW is not None)
+        args = (theirs, str(self.dir), _VIEW if confined else None, landlock)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.proc = ctx.Process(target=_child_loop, args=args, name="kiln-step")
         self.proc.start()
         theirs.close()
         self.idle_since = time.monotonic()
+        self.retired = False
 
-    def hand_over(self, req: StepRequest, log_path: Path) -> bool:
-        """Give an idle child ``req``; False when it is gone or does not answer (then discard it)."""
+    def recv(self) -> list[Any]:
+        """Return the child's next message (JSON); EOFError when it is gone or sent something else."""
         try:
-            self.conn.send((req, log_path))
+            message = json.loads(self.conn.recv_bytes(MAX_MESSAGE_BYTES))
+        except (ValueError, UnicodeDecodeError) as exc:  # garbage, or a message over the limit
+            raise EOFError(f"the step child sent an unreadable message: {exc}") from exc
+        if not isinstance(message, list) or len(message) != 2 or not isinstance(message[0], str):
+            raise EOFError("the step child sent an unreadable message")
+        return message
+
+    def hand_over(self, ctx: StepContext, log_path: Path) -> bool:
+        """Give an idle child a step; False when it is gone or does not answer (then discard it)."""
+        try:
+            self.conn.send((ctx, str(log_path)))
             if self.conn.poll(ACK_TIMEOUT):
-                kind, _ = self.conn.recv()
+                kind, _ = self.recv()
                 return bool(kind == "ack")
         except (EOFError, OSError):
             pass
         return False
 
-    def discard(self, wait: float = 5.0) -> None:
-        """Make sure the process is gone (it may be leaving by itself) and close the pipe."""
+    def discard(self, wait: float = 5.0, remove: bool = True) -> None:
+        """Make sure the process is gone (it may be leaving by itself), close the pipe, remove its folder.
+
+        ``remove=False`` keeps the folder (its step's log is still to be read); see :func:`run_in_child`.
+        """
+        import shutil
+
+        self.retired = True
         try:
             self.conn.send(None)  # an idle child leaves at once; a dead one cannot hear it
         except OSError:
@@ -415,6 +561,8 @@ class _StepChild:
             self.proc.kill()
             self.proc.join()
         self.conn.close()
+        if remove:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 _IDLE: list[_StepChild] = []
@@ -453,14 +601,23 @@ atexit.register(shutdown_children)
 
 
 def _read_tail(path: Path, n: int) -> str:
+    """Return the last ``n`` characters of a step's log, never following a link the child put there."""
+    import stat
+
     try:
-        with open(path, "rb") as f:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return ""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return ""
+        with os.fdopen(fd, "rb", closefd=False) as f:
             f.seek(0, os.SEEK_END)
             size = f.tell()
             f.seek(max(0, size - n))
             return f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
+    finally:
+        os.close(fd)
 
 
 def _signal_name(code: int) -> str:
@@ -470,15 +627,85 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
-def _start(req: StepRequest, log_path: Path) -> _StepChild:
-    """Return a child running ``req``: an idle one if any takes it, else a fresh fork."""
-    while (idle := _idle_child()) is not None:
-        if idle.hand_over(req, log_path):
-            return idle
-        idle.discard()
-    child = _StepChild(_context())
-    child.conn.send((req, log_path))
-    return child
+def _children_root(settings: Settings) -> Path:
+    return _VIEW.root if _VIEW is not None else settings.cache_dir / "sandbox"
+
+
+def _start(settings: Settings) -> _StepChild:
+    """Return a child for the next step: an idle one if any is alive, else a fresh fork."""
+    idle = _idle_child()
+    return idle if idle is not None else _StepChild(_context(settings=settings), _children_root(settings))
+
+
+class _ChildCall:
+    """Runs one step's function in a (sandboxed) child and supervises it: the executor's ``call``."""
+
+    def __init__(
+        self,
+        req: StepRequest,
+        child: _StepChild,
+        step_dir: Path,
+        redactor: Redactor,
+        soft_limit: float,
+        hard_limit: float,
+        on_progress: Callable[[str], None] | None,
+        tick: Callable[[], str | None] | None,
+        tick_interval: float,
+    ) -> None:
+        self.req, self.child, self.step_dir, self.redactor = req, child, step_dir, redactor
+        self.limits = (soft_limit, hard_limit)
+        self.on_progress, self.tick, self.tick_interval = on_progress, tick, tick_interval
+        self.log = ""
+
+    def __call__(self, ctx: StepContext) -> tuple[Artifact, dict[str, Any]]:
+        import dataclasses
+
+        out, scratch, log_path = self.step_dir / "out", self.step_dir / "scratch", self.step_dir / "step.log"
+        for d in (out, scratch):
+            d.mkdir(parents=True, exist_ok=True)
+        call_ctx = dataclasses.replace(ctx, out_dir=out, scratch=scratch, repository=None, on_progress=None)
+        child = self.child
+        if not child.hand_over(call_ctx, log_path):
+            child.discard()
+            child = self.child = _StepChild(_context(settings=self.req.settings), _children_root(self.req.settings))
+            child.conn.send((call_ctx, str(log_path)))
+        try:
+            payload = _supervise(
+                child, self.req, log_path, time.monotonic(), *self.limits, self._progress, self.tick, self.tick_interval
+            )
+        finally:
+            self.log = self.redactor.text(_read_tail(log_path, STORED_LOG_CHARS))
+        if not payload.get("ok"):
+            raise KilnError.from_dict(self.redactor.data(payload.get("error") or {}))
+        return self._claim(ctx, out, payload), self._memory(payload.get("memory"))
+
+    def _progress(self, message: str) -> None:
+        if self.on_progress is not None:
+            self.on_progress(self.redactor.text(message))
+
+    def _claim(self, ctx: StepContext, out: Path, payload: dict[str, Any]) -> Artifact:
+        """Take the child's output folder back (out of its reach, links checked) as the step's artifact."""
+        step_id = self.req.step["id"]
+        rel = os.path.relpath(os.path.normpath(str(payload.get("root", ""))), out)
+        entry = str(payload.get("entry") or "")
+        if rel.startswith("..") or os.path.isabs(entry) or ".." in Path(entry).parts:
+            raise ConversionFailed(f"step {step_id} reported an artifact outside its output folder", step=step_id)
+        ctx.out_dir.rmdir()  # the executor's empty folder: the child's output takes its place
+        claim_output(out, ctx.out_dir, step_id)
+        meta = payload.get("meta")
+        return Artifact(
+            root=(ctx.out_dir / rel) if rel != "." else ctx.out_dir,
+            kind=str(payload.get("kind", "")),
+            entry=entry,
+            meta=self.redactor.data(meta) if isinstance(meta, dict) else {},
+        )
+
+    @staticmethod
+    def _memory(record: Any) -> dict[str, Any]:
+        fields = ("peak_rss_mb", "rss_before_mb", "peak_rss_is_lifetime")
+        if not isinstance(record, dict):
+            return {}
+        return {k: record[k] for k in fields if isinstance(record.get(k), (int, float, bool))}
 
 
 def run_in_child(
@@ -490,22 +717,68 @@ def run_in_child(
     tick: Callable[[], str | None] | None = None,
     tick_interval: float = 1.0,
 ) -> ChildResult:
-    """Run ``req`` in a child process and wait for it; never raises for what the step does.
+    """Run ``req``: its function in a child process, the rest here; wait for it. Never raises for what the step does.
 
     ``tick`` is called every ``tick_interval`` seconds while the child runs and may answer
     "cancel" (stop it: CANCELLED) or "lost" (stop it: another worker owns the step now).
+    Publish steps load no model: they run here, where the repository's credentials are.
     """
+    import shutil
+
     req.scratch.mkdir(parents=True, exist_ok=True)
-    log_path = req.scratch / "step.log"
+    redactor = Redactor.from_settings(req.settings, os.environ)
     started = time.monotonic()
-    child = _start(req, log_path)
+    call: _ChildCall | None = None
+    work = req.scratch / "work"
+    if req.step.get("kind") != "publish":
+        _context(settings=req.settings)
+        child = _start(req.settings)
+        step_dir = child.dir / f"step-{os.getpid()}-{time.monotonic_ns()}"
+        call = _ChildCall(req, child, step_dir, redactor, soft_limit, hard_limit, on_progress, tick, tick_interval)
+        work = step_dir / "work"  # an extracted archive: where the child can read it
+
+    def result(**kw: Any) -> ChildResult:
+        pid = call.child.proc.pid if call is not None else None
+        log = call.log if call is not None else ""
+        return ChildResult(seconds=time.monotonic() - started, log=log, pid=pid, **kw)
+
     try:
-        return _supervise(child, req, log_path, started, soft_limit, hard_limit, on_progress, tick, tick_interval)
+        outcome = _run(req, call, work, lambda m: on_progress(redactor.text(m)) if on_progress else None)
+    except _Lost:
+        return result(ok=False, lost=True)
+    except KilnError as exc:
+        return result(ok=False, error=redactor.data(exc.to_dict()))
+    except Exception as exc:  # the trusted side failed around the step (its store, its disk)
+        if storage_full(exc):
+            return result(ok=False, error=StorageFull(f"step {req.step['id']}: {exc}", step=req.step["id"]).to_dict())
+        tail = traceback.format_exc()[-LOG_TAIL_CHARS:]
+        err = ConversionFailed(
+            f"step {req.step['id']} failed: {type(exc).__name__}: {exc}",
+            step=req.step["id"],
+            tool=req.step.get("tool", ""),
+            output_tail=tail,
+        )
+        return result(ok=False, error=redactor.data(err.to_dict()))
     except BaseException:
         # Interrupted here (worker shutdown, a bug): the step has no one to report to any more.
-        child.proc.kill()
-        child.discard()
+        if call is not None:
+            call.child.proc.kill()
+            call.child.discard()
         raise
+    finally:
+        if call is not None:
+            # Off the step's path; a retired child's whole folder goes (its log has been read).
+            gone = call.child.dir if call.child.retired else call.step_dir
+            threading.Thread(target=shutil.rmtree, args=(gone,), kwargs={"ignore_errors": True}).start()
+    return ChildResult(
+        ok=True,
+        key=outcome.key,
+        cached=outcome.cached,
+        seconds=outcome.seconds,
+        meta=_json_safe(outcome.meta),
+        log=call.log if call is not None else "",
+        pid=call.child.proc.pid if call is not None else None,
+    )
 
 
 def _supervise(
@@ -518,9 +791,12 @@ def _supervise(
     on_progress: Callable[[str], None] | None,
     tick: Callable[[], str | None] | None,
     tick_interval: float,
-) -> ChildResult:
-    """Wait for the child running ``req``: relay progress, enforce limits, and turn how it ended into a result."""
-    proc, conn = child.proc, child.conn
+) -> dict[str, Any]:
+    """Wait for the child running ``req``'s function: relay progress, enforce limits; return its payload.
+
+    Raises _Lost, CANCELLED, TIMEOUT, or CONVERSION_FAILED for a child that died.
+    """
+    proc = child.proc
     payload: dict[str, Any] | None = None
     stop_reason: str | None = None  # cancel | lost | timeout
     terminated_at: float | None = None
@@ -531,15 +807,17 @@ def _supervise(
             proc.join(0.1)
         else:
             try:
-                if conn.poll(0.1):
-                    kind, body = conn.recv()
+                if child.conn.poll(0.1):
+                    kind, body = child.recv()
                     if kind == "progress" and on_progress is not None:
                         on_progress(str(body))
-                    elif kind == "done":
+                    elif kind == "done" and isinstance(body, dict):
                         payload = body
                         break
             except (EOFError, OSError):
-                eof = True  # the child closed its end: it died
+                eof = True  # the child closed its end (it died), or broke the protocol
+                if proc.is_alive():
+                    proc.kill()
         if not proc.is_alive():
             break
         now = time.monotonic()
@@ -557,56 +835,41 @@ def _supervise(
     # Drain anything sent just before the child died.
     while payload is None and not eof:
         try:
-            if not conn.poll(0):
+            if not child.conn.poll(0):
                 break
-            kind, body = conn.recv()
-            if kind == "done":
+            kind, body = child.recv()
+            if kind == "done" and isinstance(body, dict):
                 payload = body
             elif kind == "progress" and on_progress is not None:
                 on_progress(str(body))
         except (EOFError, OSError):
             break
-    seconds = time.monotonic() - started
     if payload is not None and stop_reason is None and not payload.get("retire") and proc.is_alive():
         _park(child)  # fit for the next step
     else:
-        child.discard()
-    log = _read_tail(log_path, STORED_LOG_CHARS)
+        child.discard(remove=False)
     step_id = req.step["id"]
     if stop_reason == "lost":
-        return ChildResult(ok=False, lost=True, seconds=seconds, log=log, pid=proc.pid)
-    err: KilnError
+        raise _Lost()
     if stop_reason == "cancel":
-        err = Cancelled(f"step {step_id} was stopped: its job was cancelled", step=step_id)
-        return ChildResult(ok=False, error=err.to_dict(), seconds=seconds, log=log, pid=proc.pid)
+        raise Cancelled(f"step {step_id} was stopped: its job was cancelled", step=step_id)
     if payload is not None:
-        return ChildResult(
-            ok=bool(payload.get("ok")),
-            key=payload.get("key"),
-            cached=bool(payload.get("cached")),
-            seconds=float(payload.get("seconds", seconds)),
-            meta=payload.get("meta") or {},
-            error=payload.get("error"),
-            log=log,
-            pid=proc.pid,
-        )
-    tail = log[-LOG_TAIL_CHARS:]
+        return payload
+    tail = _read_tail(log_path, LOG_TAIL_CHARS)
     if stop_reason == "timeout":
-        err = Timeout(
+        raise Timeout(
             f"step {step_id} exceeded its time limit of {soft_limit:.0f}s and was stopped",
             step=step_id,
             output_tail=tail,
         )
-        return ChildResult(ok=False, error=err.to_dict(), seconds=seconds, log=log, pid=proc.pid)
     code = proc.exitcode or 0
     how = f"was killed by {_signal_name(code)}" if code < 0 else f"exited with status {code}"
     if code == -signal.SIGKILL:
         how += " (out of memory, or killed from outside)"
-    err = ConversionFailed(
+    raise ConversionFailed(
         f"step {step_id} crashed in {req.step.get('tool') or 'its tool'}: the process {how}",
         step=step_id,
         tool=req.step.get("tool", ""),
         exit_code=code,
         output_tail=tail,
     )
-    return ChildResult(ok=False, error=err.to_dict(), seconds=seconds, log=log, pid=proc.pid)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 from typing import Any
 
 from services.graph.engines import queue_name
@@ -62,6 +63,8 @@ def run_worker(
     app = create_celery_app(settings)
     app.conf.kiln_engines = tuple(served)  # lets a task run the next step of a chain itself
     child.configure(served, settings)
+    # One line on what protects the host from the models this worker runs (docs/security.md).
+    print(child.protection(settings).summary(), file=sys.stderr, flush=True)
     hostname = f"kiln-{'+'.join(served)}-{os.getpid()}@{socket.gethostname()}"
     maintenance = Maintenance(
         JobStore(url),

@@ -257,5 +257,11 @@ def open_source(
             )
     entry = registry().formats[fmt.value].vet
     if vet and entry is not None:
-        _load(entry)(loadable)
+        try:
+            _load(entry)(loadable)
+        except SourceUnreadable:
+            # Content the spec forced to another format than the one detected: its loader says
+            # whether it can read it (as without vetting); a detected format fails here.
+            if override is None or "by the spec" not in seen:
+                raise
     return DetectedSource(format=fmt, path=loadable, seen=seen, sha256=digest)

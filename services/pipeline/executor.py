@@ -6,6 +6,7 @@ for the one step it was given. Same function, so both paths behave alike.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
@@ -33,7 +34,11 @@ from services.versions import tool_versions
 if TYPE_CHECKING:
     from services.repository.base import ModelRepository
 
-__all__ = ["StepOutcome", "run_step", "source_artifact", "step_cache_key"]
+__all__ = ["StepCall", "StepOutcome", "call_step_function", "run_step", "source_artifact", "step_cache_key"]
+
+#: Runs a step's function somewhere else (a confined child): returns its artifact and the memory
+#: record of the process that ran it, or raises the step's KilnError.
+StepCall = Callable[[StepContext], tuple[Artifact, dict[str, Any]]]
 
 
 @dataclass
@@ -137,13 +142,29 @@ def _broken_intermediate(step: PlanStep, model: Artifact, exc: SourceUnreadable)
     )
 
 
+def call_step_function(ctx: StepContext) -> Artifact:
+    """Load the step's entry and run it on ``ctx``: the part of a step that touches the model."""
+    try:
+        func = load_entry(ctx.step.entry)
+    except ImportError as exc:
+        raise EngineUnavailable(
+            f"step {ctx.step.id} needs {exc.name or ctx.step.entry}, which this process cannot import",
+            hint=f"Run it on a worker serving {ctx.step.queue}, or install the {ctx.step.engine} extra.",
+            step=ctx.step.id,
+        ) from exc
+    art: Artifact = func(ctx)
+    return art
+
+
 def run_step(step: PlanStep, *, store: ArtifactStore, **kwargs: Any) -> StepOutcome:
     """Run ``step`` (or take its output from the cache) while holding the store against pruning.
 
     See :func:`_run_step` for the arguments.
     """
-    # A share of the host, so that a benchmark elsewhere on it waits for this step (host_gate).
-    with store.in_use(), host_share():
+    # A share of the host, so that a benchmark elsewhere on it waits for this step (host_gate);
+    # a step run by a ``call`` takes it in the process that runs it.
+    share = host_share() if kwargs.get("call") is None else contextlib.nullcontext()
+    with store.in_use(), share:
         return _run_step(step, store=store, **kwargs)
 
 
@@ -162,13 +183,16 @@ def _run_step(
     calibration_sha: str | None = None,
     use_cache: bool = True,
     route_attempts: list[dict[str, Any]] | None = None,
+    call: StepCall | None = None,
 ) -> StepOutcome:
     """Run ``step`` (or take its output from the cache); return where its artifact is.
 
     ``input_keys`` maps each role of ``step.inputs`` to the store key of that input
     ("source" roles need no key). Any non-Kiln exception becomes CONVERSION_FAILED naming
     the step, the tool and the tail of the traceback. ``route_attempts`` (publish steps):
-    the target's routes tried so far, for the manifest.
+    the target's routes tried so far, for the manifest. ``call`` runs the step's function
+    elsewhere (a sandboxed child, services/sandbox); this process then only fetches the
+    inputs, and stores the output the call hands back.
     """
     started = time.perf_counter()
     memory = StepMemory.start()
@@ -212,15 +236,10 @@ def _run_step(
         use_cache=use_cache,
     )
     try:
-        func = load_entry(step.entry)
-    except ImportError as exc:
-        raise EngineUnavailable(
-            f"step {step.id} needs {exc.name or step.entry}, which this process cannot import",
-            hint=f"Run it on a worker serving {step.queue}, or install the {step.engine} extra.",
-            step=step.id,
-        ) from exc
-    try:
-        art: Artifact = func(ctx)
+        if call is None:
+            art, peak = call_step_function(ctx), memory.record()
+        else:
+            art, peak = call(ctx)
     except SourceUnreadable as exc:
         if step.inputs.get("model", "source") == "source":
             exc.details.setdefault("step", step.id)
@@ -251,7 +270,7 @@ def _run_step(
         "tool_versions": tool_versions(step.engine),
         "report": {k: v for k, v in art.meta.items() if k not in ("lineage", "signature")},
         # Peak RSS of the process that ran the step, while it ran (with what it held before).
-        **memory.record(),
+        **peak,
     }
     art.meta["lineage"] = _lineage(inputs, record)
     art.save()

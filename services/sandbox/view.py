@@ -1,0 +1,102 @@
+"""What a confined step sees: the paths it may read, the ones it may write, and its environment.
+
+The same view drives both layers: bubblewrap binds exactly these paths (read-only, or
+read-write for the children's area and the host's benchmark locks) into an otherwise empty
+root, and each step process's Landlock ruleset allows reading them and writing only its own
+directory. So a file the worker can read (a mounted secret, ``~/.aws``, another job's
+upload) is simply absent from a step, whichever layer the host allows.
+
+The environment is an allowlist: locale, thread counts and the engines' log levels pass;
+everything else (``KILN_S3_*``, ``KILN_DATABASE_URL``, ``KILN_BROKER_URL``, ``AWS_*``,
+tokens) does not. Tests name extra variables and writable paths in ``KILN_SANDBOX_ENV``
+and ``KILN_SANDBOX_WRITABLE``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["SandboxView", "sandbox_env", "sandbox_view"]
+
+#: Environment variables a step keeps (exact names, then prefixes).
+_ENV_NAMES = frozenset(
+    {"PATH", "LANG", "LANGUAGE", "TZ", "PYTHONPATH", "PYTHONHASHSEED", "PYTHONUNBUFFERED", "TF_CPP_MIN_LOG_LEVEL",
+     "TF_ENABLE_ONEDNN_OPTS", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES",
+     "KILN_HOST_LOCK_DIR", "KILN_BENCH_QUIET_WAIT", "KILN_FORKSERVER_MAIN", "KILN_DEBUG"}
+)  # fmt: skip
+_ENV_PREFIXES = ("LC_", "OMP_", "MKL_", "OPENBLAS_", "KMP_")
+#: Files of /etc the loader and Python need (never the whole directory: secrets get mounted there).
+_ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "passwd", "group", "nsswitch.conf", "localtime",
+        "alternatives", "os-release", "hosts", "mime.types")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SandboxView:
+    """Paths a confined step may read and write, and the environment it starts with."""
+
+    root: Path  # the children's area: each step process writes only below its own folder here
+    read: tuple[Path, ...]  # read-only (bubblewrap binds them; Landlock allows reading them)
+    write: tuple[Path, ...]  # read-write besides the process's own folder (the host's benchmark locks)
+    env: dict[str, str] = field(default_factory=dict)
+
+    def covers(self, other: SandboxView) -> bool:
+        """True when everything ``other`` needs is in this view (a running sandbox can serve it)."""
+        return (
+            self.root == other.root
+            and set(other.read) <= set(self.read)
+            and set(other.write) <= set(self.write)
+            and other.env == self.env
+        )
+
+
+def sandbox_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """Return the part of ``environ`` a step keeps (see the module docstring)."""
+    extra = {n.strip() for n in environ.get("KILN_SANDBOX_ENV", "").split(",") if n.strip()}
+    keep = {k: v for k, v in environ.items() if k in _ENV_NAMES or k in extra or k.startswith(_ENV_PREFIXES)}
+    keep.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    keep["PYTHONDONTWRITEBYTECODE"] = "1"
+    keep["HOME"] = "/nonexistent"  # each step sets HOME and TMPDIR to its own scratch
+    return keep
+
+
+def _python_paths() -> list[Path]:
+    paths = {Path(sys.base_prefix), Path(sys.prefix), Path(sys.exec_prefix)}
+    for p in sys.path:
+        if p and Path(p).exists():
+            paths.add(Path(p).resolve())
+    exe = Path(sys.executable)
+    paths.add(exe.parent)
+    paths.add(exe.resolve().parent)
+    main = os.environ.get("KILN_FORKSERVER_MAIN") or getattr(sys.modules.get("__main__"), "__file__", None)
+    if main and Path(main).exists():
+        paths.add(Path(main).resolve())
+    return sorted(paths)
+
+
+def _minimal(paths: Iterable[Path]) -> tuple[Path, ...]:
+    """Return ``paths`` without those already inside another one of them, sorted."""
+    ordered = sorted({Path(os.path.abspath(p)) for p in paths if Path(p).exists()}, key=lambda p: len(p.parts))
+    kept: list[Path] = []
+    for p in ordered:
+        if not any(p == k or k in p.parents for k in kept):
+            kept.append(p)
+    return tuple(sorted(kept))
+
+
+def sandbox_view(root: Path, *, read: Iterable[Path] = (), environ: Mapping[str, str] | None = None) -> SandboxView:
+    """Return the view of steps whose folders live under ``root`` and that read ``read`` besides the system."""
+    environ = os.environ if environ is None else environ
+    system = [Path(p) for p in ("/usr", "/bin", "/lib", "/lib64", "/sbin", "/opt/kiln")]
+    system += [Path("/etc") / name for name in _ETC]
+    lock_dir = Path(environ.get("KILN_HOST_LOCK_DIR") or f"/tmp/kiln-host-{os.getuid()}")
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    root.mkdir(parents=True, exist_ok=True)
+    writable = [lock_dir] + [Path(p) for p in environ.get("KILN_SANDBOX_WRITABLE", "").split(os.pathsep) if p]
+    for p in writable:
+        p.mkdir(parents=True, exist_ok=True)
+    reads = [p for p in _minimal([*system, *_python_paths(), *read]) if p != root and root not in p.parents]
+    return SandboxView(root=root, read=tuple(reads), write=_minimal(writable), env=sandbox_env(environ))
