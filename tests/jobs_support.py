@@ -148,6 +148,9 @@ def service_env(**kiln: Any) -> dict[str, str]:
         kiln.setdefault("data_dir", Path(kiln["cache_dir"]) / "data")
     for key, value in kiln.items():
         env[f"KILN_{key.upper()}"] = str(value)
+    if "test_gate" in kiln:  # the gated steps read the variable and write their marks there, sandboxed
+        env["KILN_SANDBOX_ENV"] = "KILN_TEST_GATE"
+        env["KILN_SANDBOX_WRITABLE"] = str(kiln["test_gate"])
     return env
 
 

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from services.errors import UnsafeInput
+from services.errors import SourceUnreadable, UnsafeInput
 
 __all__ = ["ALLOWED_DOMAINS", "onnx_custom_ops", "vet_onnx"]
 
@@ -116,7 +116,12 @@ def vet_onnx(path: Path) -> None:
     """Refuse (UNSAFE_INPUT) an ONNX model with custom-domain operators or external data outside its folder."""
     from services.onnx_io import load_onnx
 
-    model = load_onnx(path, load_external_data=False)
+    try:
+        model = load_onnx(path, load_external_data=False)
+    except SourceUnreadable:
+        # Not a ModelProto protobuf can parse (a truncated upload): no engine loads it either, and
+        # the job's reference step reports SOURCE_UNREADABLE from the engine's own reader.
+        return
     custom = onnx_custom_ops(model)
     if custom:
         raise UnsafeInput(
