@@ -199,6 +199,7 @@ def test_with_vetting_off_kiln_serve_runs_hostile_savedmodels_sandboxed(
 ) -> None:
     root = tmp_path_factory.mktemp("unvetted-serve")
     for base in _serve(root, vet_uploads="false"):
+        wait_workers(base, {"tensorflow", "onnxruntime"}, timeout=180)
         _check_held(base, hostile, root / "repo")
 
 
