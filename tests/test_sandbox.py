@@ -161,3 +161,29 @@ def test_the_protection_summary_says_what_is_in_force() -> None:
         assert "bubblewrap + Landlock ABI" in line and "own scratch" in line
     off = host_protection("off")
     assert off.mode == "off" and "OFF" in off.summary()
+
+
+def test_the_view_reads_kilns_own_packages_however_they_were_installed(tmp_path: Path) -> None:
+    # An editable install (setuptools' import-hook finder) puts no sys.path entry for the
+    # checkout: `kiln worker`'s forkserver then failed every step with "No module named 'cli'".
+    # A fresh interpreter outside the checkout sees sys.path as the `kiln` script does.
+    import subprocess
+    import sys
+
+    probe = (
+        "import importlib.util, json, pathlib\n"
+        "from services.sandbox import sandbox_view\n"
+        f"view = sandbox_view(pathlib.Path({str(tmp_path / 'root')!r}), environ={{}})\n"
+        "pkgs = {n: importlib.util.find_spec(n).submodule_search_locations for n in ('services', 'workers', 'cli', 'api')}\n"
+        "print(json.dumps({'read': [str(p) for p in view.read], 'pkgs': {n: list(v) for n, v in pkgs.items()}}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, check=True
+    )
+    seen = json.loads(out.stdout)
+    read = [Path(p) for p in seen["read"]]
+    for name, folders in seen["pkgs"].items():
+        assert folders, name
+        for folder in map(Path, folders):
+            assert any(folder.resolve() == p or p in folder.resolve().parents for p in read), (name, folder, read)

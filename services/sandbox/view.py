@@ -14,6 +14,7 @@ and ``KILN_SANDBOX_WRITABLE``.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from collections.abc import Iterable, Mapping
@@ -29,6 +30,9 @@ _ENV_NAMES = frozenset(
      "KILN_HOST_LOCK_DIR", "KILN_BENCH_QUIET_WAIT", "KILN_FORKSERVER_MAIN", "KILN_DEBUG"}
 )  # fmt: skip
 _ENV_PREFIXES = ("LC_", "OMP_", "MKL_", "OPENBLAS_", "KMP_")
+#: Kiln's own top-level packages: an editable install finds them through an import hook
+#: (setuptools' finder), not through a ``sys.path`` entry, so their folders are named here.
+_KILN_PACKAGES = ("services", "workers", "cli", "api")
 #: Files of /etc the loader and Python need (never the whole directory: secrets get mounted there).
 _ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "passwd", "group", "nsswitch.conf", "localtime",
         "alternatives", "os-release", "hosts", "mime.types")  # fmt: skip
@@ -68,6 +72,10 @@ def _python_paths() -> list[Path]:
     for p in sys.path:
         if p and Path(p).exists():
             paths.add(Path(p).resolve())
+    for name in _KILN_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            paths.update(Path(p).resolve() for p in spec.submodule_search_locations)
     exe = Path(sys.executable)
     paths.add(exe.parent)
     paths.add(exe.resolve().parent)
