@@ -114,6 +114,22 @@ def _tail(text: str, lines: int = 20) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
+def _staged(model: Path, folder: Path) -> Path:
+    """Return ``model`` seen from ``folder`` through links to its folder's files (external data included).
+
+    pnnx writes an intermediate ``<name>.pnnxsim.onnx`` beside the model it reads, which no
+    option names: beside a stored artifact that would write into the store (read-only in the
+    step sandbox: "write pnnxsim onnx failed"). Links cost nothing and keep the model's own
+    folder untouched.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in model.parent.iterdir():
+        link = folder / f.name
+        if f.is_file() and not link.exists():
+            link.symlink_to(f)
+    return folder / model.name
+
+
 def run_pnnx(
     model: Path,
     work: Path,
@@ -133,6 +149,7 @@ def run_pnnx(
     exe = pnnx_binary()
     work.mkdir(parents=True, exist_ok=True)
     model, work = Path(model).resolve(), work.resolve()  # pnnx runs in ``work``: relative paths would miss
+    model = _staged(model, work / "source")
     # pnnx derives default names from the input's; every output is named so nothing lands beside the source.
     outputs = {
         "pnnxparam": "model.pnnx.param",
