@@ -11,24 +11,28 @@ from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from api.auth import TokenCache
 from api.deps import ReadAuth
 from api.errors import install_error_handlers
 from api.metrics import Metrics, MetricsMiddleware
 from api.openapi_errors import document_errors
+from api.origin import OriginGuard
 from api.polling import JobBodies, JobVersions
 from api.routes import compile as compile_routes
 from api.routes import jobs as job_routes
 from api.routes import plan as plan_routes
 from api.routes import service as service_routes
 from api.scratch import ApiScratch
+from api.sessions import session_keys
 from api.ui import install_dashboard
 from services.graph.registry import Registry, default_registry
 from services.jobs.backends import open_repository, open_store
 from services.jobs.db import database_url
 from services.jobs.migrate import upgrade
-from services.jobs.store import JobStore
+from services.jobs.models import DEFAULT_TENANT
+from services.jobs.stores import JobStores
 from services.settings import Settings, get_settings
 from services.spec import CompileSpec
 from workers.maintenance import fail_unserved_once, worker_max_age
@@ -45,9 +49,14 @@ Submit with `POST /compile` (multipart: `model` file + `spec` JSON), follow with
 `GET /jobs/{id}/events` (Server-Sent Events) or `GET /jobs/{id}`, download with
 `GET /jobs/{id}/artifacts/{target}`. Errors carry a stable `code` and a `hint`.
 
-The web dashboard is at `/ui`. With auth on it signs in with a token and keeps it in the
-`kiln_session` cookie (HttpOnly, SameSite=Strict), which GET requests may send instead of the
-bearer token; any other request with only the cookie needs its `X-CSRF-Token` header too.
+The web dashboard is at `/ui`. With auth on it signs in with a token and keeps a signed
+session id (never the token) in the `kiln_session` cookie (HttpOnly, SameSite=Strict, Secure
+over https), which GET requests may send instead of the bearer token; any other request with
+only the cookie needs the session's `X-CSRF-Token` header too. Whatever the auth setting, a
+state-changing request with a foreign `Origin` or `Sec-Fetch-Site: cross-site` is FORBIDDEN.
+
+Every token belongs to a tenant: it sees and changes only its tenant's jobs, logs,
+artifacts and model names (admin tokens: every tenant's).
 """
 
 
@@ -72,7 +81,9 @@ def create_app(
         while True:
             await asyncio.sleep(settings.step_heartbeat_interval)
             try:
-                await run_in_threadpool(fail_unserved_once, app.state.jobs, app.state.celery, settings)
+                await run_in_threadpool(
+                    fail_unserved_once, app.state.steps, app.state.workers, app.state.celery, settings
+                )
             except Exception:  # a database or broker blip must not end the loop
                 log.warning("sweep for unserved steps failed", exc_info=True)
 
@@ -80,6 +91,9 @@ def create_app(
     async def lifespan(app: FastAPI) -> Any:
         if url.startswith("sqlite"):
             upgrade(url)
+        admin = settings.admin_token.get_secret_value()
+        if admin and await run_in_threadpool(app.state.tokens.ensure_token, "admin", admin, ["admin"], DEFAULT_TENANT):
+            log.info("admin token (KILN_ADMIN_TOKEN) is live as token 'admin'")
         sweeper = asyncio.create_task(fail_unserved_steps())
         try:
             yield
@@ -104,7 +118,10 @@ def create_app(
     state = app.state
     state.settings = settings
     state.celery = celery_app
-    state.jobs = JobStore(url)
+    stores = JobStores.open(url)
+    state.jobs, state.steps, state.workers = stores.jobs, stores.steps, stores.workers
+    state.tokens, state.sessions, state.model_names = stores.tokens, stores.sessions, stores.model_names
+    state.session_keys = session_keys(settings)
     state.store = open_store(settings)
     state.repository = open_repository(settings)
     state.registry = registry or default_registry()
@@ -119,7 +136,13 @@ def create_app(
     for module in (compile_routes, job_routes, plan_routes, service_routes):
         app.include_router(module.router)
     install_dashboard(app, open_docs=open_docs)
+    app.add_middleware(
+        OriginGuard, allowed_origins=settings.allowed_origin_list, allowed_hosts=settings.allowed_host_list
+    )
     app.add_middleware(MetricsMiddleware, metrics=state.metrics)
+    if settings.trusted_proxy_list:
+        # Outermost, so the guard and the cookies see the scheme the proxy says the browser used.
+        app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=settings.trusted_proxy_list)
     _complete_openapi(app)
     if not open_docs:
 

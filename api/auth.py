@@ -1,14 +1,15 @@
-"""Bearer API tokens: 401 without a valid token, 403 with a valid one lacking the scope.
+"""Who is calling: bearer API tokens and dashboard sessions; 401 without either, 403 without the scope.
 
-Tokens are stored hashed (services.jobs.store). Verified tokens are remembered for a few
-seconds so a busy poller does not cost a database lookup per request; a revoked token
-therefore stops working within ``CACHE_SECONDS``.
+A caller is a :class:`Principal`: a token's name, scopes and tenant. Tokens are stored
+hashed (services.jobs.tokens); the dashboard's cookie holds a signed session id, never the
+token (api.sessions). Verified tokens and sessions are remembered for a few seconds so a
+busy poller does not cost a database lookup per request; a revoked token therefore stops
+working within ``CACHE_SECONDS`` (signing out ends a session at once in this process).
 """
 
 from __future__ import annotations
 
 import hashlib
-import hmac
 import threading
 import time
 from dataclasses import dataclass
@@ -17,35 +18,59 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from services.errors import Forbidden, Unauthorized
-from services.jobs.store import hash_token
+from services.jobs.models import DEFAULT_TENANT, ApiToken
+from services.jobs.tokens import hash_token
 
-__all__ = ["CACHE_SECONDS", "CSRF_HEADER", "SESSION_COOKIE", "Principal", "authenticate", "csrf_token", "session_token"]
+__all__ = [
+    "ANONYMOUS",
+    "CACHE_SECONDS",
+    "Principal",
+    "TokenCache",
+    "authenticate",
+    "authenticate_session",
+    "forget_session",
+]
 
 CACHE_SECONDS = 5.0
-#: The dashboard's session: the API token itself, in an HttpOnly, SameSite=Strict cookie.
-SESSION_COOKIE = "kiln_session"
-#: Requests other than GET/HEAD that authenticate with the session cookie must carry this header.
-CSRF_HEADER = "X-CSRF-Token"
-_SAFE_METHODS = ("GET", "HEAD")
 _IMPLIED = {"admin": {"admin", "write", "read"}, "write": {"write", "read"}, "read": {"read"}}
 
 
 @dataclass(frozen=True)
 class Principal:
-    """Who is calling: a token's name and scopes, or anonymous when auth is off."""
+    """Who is calling: a token's name, scopes and tenant, or the anonymous admin when auth is off."""
 
     name: str | None
     scopes: frozenset[str]
+    tenant: str = DEFAULT_TENANT
 
     def allows(self, scope: str) -> bool:
         return scope in self.scopes
 
+    @property
+    def sees_all(self) -> bool:
+        """Whether this caller reads and changes every tenant's jobs (admin scope)."""
+        return "admin" in self.scopes
 
+    @property
+    def tenant_filter(self) -> str | None:
+        """The tenant whose jobs this caller sees, or None for every tenant's."""
+        return None if self.sees_all else self.tenant
+
+
+#: The caller when auth is off (`kiln serve` on a laptop's loopback): admin, in the default tenant.
 ANONYMOUS = Principal(name=None, scopes=frozenset(_IMPLIED["admin"]))
 
 
+def principal_of(rec: ApiToken) -> Principal:
+    """Return the principal a token record stands for."""
+    scopes: set[str] = set()
+    for s in rec.scopes.split():
+        scopes |= _IMPLIED.get(s, {s})
+    return Principal(name=rec.name, scopes=frozenset(scopes), tenant=rec.tenant)
+
+
 class TokenCache:
-    """Recently verified tokens (by hash) with their principal."""
+    """Recently verified tokens and sessions (by hash) with their principal."""
 
     def __init__(self) -> None:
         self._items: dict[str, tuple[float, Principal]] = {}
@@ -64,25 +89,12 @@ class TokenCache:
                 self._items.clear()
             self._items[digest] = (time.monotonic() + CACHE_SECONDS, principal)
 
+    def drop(self, digest: str) -> None:
+        with self._lock:
+            self._items.pop(digest, None)
 
-async def authenticate(state: Any, token: str | None, scope: str) -> Principal:
-    """Return the caller for ``token`` if it may use ``scope``; raise UNAUTHORIZED or FORBIDDEN."""
-    if not state.settings.auth_enabled:
-        return ANONYMOUS
-    if not token:
-        raise Unauthorized("this endpoint needs an API token")
-    cache: TokenCache = state.token_cache
-    digest = hash_token(token)
-    principal = cache.get(digest)
-    if principal is None:
-        rec = await run_in_threadpool(state.jobs.verify_token, token)
-        if rec is None:
-            raise Unauthorized("the API token is unknown or revoked")
-        scopes: set[str] = set()
-        for s in rec.scopes.split():
-            scopes |= _IMPLIED.get(s, {s})
-        principal = Principal(name=rec.name, scopes=frozenset(scopes))
-        cache.put(digest, principal)
+
+def _require_scope(principal: Principal, scope: str) -> Principal:
     if not principal.allows(scope):
         raise Forbidden(
             f"token {principal.name!r} lacks the {scope!r} scope this call needs",
@@ -91,31 +103,45 @@ async def authenticate(state: Any, token: str | None, scope: str) -> Principal:
     return principal
 
 
-def csrf_token(session: str) -> str:
-    """Return the CSRF token of a session: an HMAC keyed by its (secret) API token.
+async def authenticate(state: Any, token: str | None, scope: str) -> Principal:
+    """Return the caller for bearer ``token`` if it may use ``scope``; raise UNAUTHORIZED or FORBIDDEN."""
+    if not state.settings.auth_enabled:
+        return ANONYMOUS
+    if not token:
+        raise Unauthorized("this endpoint needs an API token")
+    cache: TokenCache = state.token_cache
+    digest = hash_token(token)
+    principal = cache.get(digest)
+    if principal is None:
+        rec = await run_in_threadpool(state.tokens.verify_token, token)
+        if rec is None:
+            raise Unauthorized("the API token is unknown or revoked")
+        principal = principal_of(rec)
+        cache.put(digest, principal)
+    return _require_scope(principal, scope)
 
-    A cross-site page can make the browser send the cookie but cannot read it, so it cannot
-    compute this value; the dashboard puts it in its pages for its own form posts.
-    """
-    return hmac.new(session.encode(), b"kiln-csrf", hashlib.sha256).hexdigest()
+
+def _session_digest(session_id: str) -> str:
+    return "session:" + hashlib.sha256(session_id.encode()).hexdigest()
 
 
-def session_token(request: Any) -> str | None:
-    """Return the API token of the request's dashboard session cookie, if it may be used here.
+async def authenticate_session(state: Any, session_id: str, scope: str) -> Principal:
+    """Return the caller of a dashboard session (its id already unsigned) if it may use ``scope``."""
+    cache: TokenCache = state.token_cache
+    digest = _session_digest(session_id)
+    principal = cache.get(digest)
+    if principal is None:
+        rec = await run_in_threadpool(state.sessions.session_token, session_id)
+        if rec is None:
+            raise Unauthorized(
+                "the dashboard session has ended (signed out, expired, or its token was revoked)",
+                hint="Sign in again at /ui/login.",
+            )
+        principal = principal_of(rec)
+        cache.put(digest, principal)
+    return _require_scope(principal, scope)
 
-    The cookie stands in for the bearer token on GET and HEAD (pages, SSE, downloads); on any
-    other method only with the session's CSRF token in the ``X-CSRF-Token`` header or the
-    ``csrf_token`` form field the dashboard sends.
-    """
-    session = request.cookies.get(SESSION_COOKIE)
-    if not session:
-        return None
-    if request.method in _SAFE_METHODS:
-        return str(session)
-    sent = request.headers.get(CSRF_HEADER, "")
-    if not hmac.compare_digest(sent.encode(), csrf_token(session).encode()):  # bytes: a non-ASCII str would raise
-        raise Forbidden(
-            "a dashboard session may change things only with its CSRF token",
-            hint=f"Send the {CSRF_HEADER} header the dashboard's pages carry, or use an Authorization header.",
-        )
-    return str(session)
+
+def forget_session(state: Any, session_id: str) -> None:
+    """Drop a session from this process's cache (signing out: it must stop working at once)."""
+    state.token_cache.drop(_session_digest(session_id))

@@ -1,4 +1,4 @@
-"""Dependencies of the routes, as ``Annotated`` aliases: settings, job store, Celery, storage, auth.
+"""Dependencies of the routes, as ``Annotated`` aliases: settings, the job stores, Celery, storage, auth.
 
 They are ``async`` because they do no I/O: FastAPI would run a plain ``def`` dependency in
 its thread pool, a thread hop per dependency per request.
@@ -14,9 +14,12 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from api.auth import Principal, authenticate, session_token
+from api.auth import Principal, authenticate, authenticate_session
+from api.sessions import SAFE_METHODS, request_session, require_csrf
 from services.graph.registry import Registry
+from services.jobs.model_names import ModelNames
 from services.jobs.store import JobStore
+from services.jobs.worker_registry import WorkerRegistry
 from services.repository.base import ModelRepository
 from services.settings import Settings
 from services.storage.base import ArtifactStore
@@ -25,11 +28,13 @@ __all__ = [
     "AdminAuth",
     "CeleryDep",
     "JobStoreDep",
+    "ModelNamesDep",
     "ReadAuth",
     "RegistryDep",
     "RepositoryDep",
     "SettingsDep",
     "StoreDep",
+    "WorkersDep",
     "WriteAuth",
 ]
 
@@ -40,6 +45,14 @@ async def get_app_settings(request: Request) -> Settings:
 
 async def get_job_store(request: Request) -> JobStore:
     return request.app.state.jobs  # type: ignore[no-any-return]
+
+
+async def get_workers(request: Request) -> WorkerRegistry:
+    return request.app.state.workers  # type: ignore[no-any-return]
+
+
+async def get_model_names(request: Request) -> ModelNames:
+    return request.app.state.model_names  # type: ignore[no-any-return]
 
 
 async def get_celery(request: Request) -> Any:
@@ -60,6 +73,8 @@ async def get_registry(request: Request) -> Registry:
 
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 JobStoreDep = Annotated[JobStore, Depends(get_job_store)]
+WorkersDep = Annotated[WorkerRegistry, Depends(get_workers)]
+ModelNamesDep = Annotated[ModelNames, Depends(get_model_names)]
 CeleryDep = Annotated[Any, Depends(get_celery)]
 StoreDep = Annotated[ArtifactStore, Depends(get_store)]
 RepositoryDep = Annotated[ModelRepository, Depends(get_repository)]
@@ -76,10 +91,15 @@ def _require(scope: str) -> Any:
         request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
     ) -> Principal:
         state = request.app.state
-        token = credentials.credentials if credentials else None
-        if token is None and state.settings.auth_enabled:
-            token = session_token(request)
-        return await authenticate(state, token, scope)
+        if credentials is not None or not state.settings.auth_enabled:
+            return await authenticate(state, credentials.credentials if credentials else None, scope)
+        # No bearer token: the dashboard's session cookie stands in for it (api.sessions).
+        session_id = request_session(request)
+        if session_id is None:
+            return await authenticate(state, None, scope)  # UNAUTHORIZED
+        if request.method not in SAFE_METHODS:
+            require_csrf(request, session_id)
+        return await authenticate_session(state, session_id, scope)
 
     dependency.__name__ = f"require_{scope}"
     return dependency

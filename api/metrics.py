@@ -15,10 +15,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from sqlalchemy import func, select
 
 from services.graph.engines import ENGINES, queue_name
-from services.jobs.models import Job
 
 __all__ = ["Metrics", "MetricsMiddleware"]
 
@@ -32,8 +30,7 @@ class _StateCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         jobs = GaugeMetricFamily("kiln_jobs", "Jobs in the job store by status.", labels=["status"])
         try:
-            with self.state.jobs.read() as s:
-                counts = dict(s.execute(select(Job.status, func.count()).group_by(Job.status)).all())
+            counts = self.state.jobs.count_by_status()
             for status in ("queued", "running", "succeeded", "failed", "cancelled"):
                 jobs.add_metric([status], counts.get(status, 0))
         except Exception:
@@ -41,7 +38,7 @@ class _StateCollector(Collector):
         yield jobs
         workers = GaugeMetricFamily("kiln_workers", "Live workers serving each engine.", labels=["engine"])
         try:
-            live = self.state.jobs.live_workers(self.state.worker_max_age)
+            live = self.state.workers.live_workers(self.state.worker_max_age)
             for name in ENGINES:
                 workers.add_metric([name], sum(1 for w in live if name in w.engines))
         except Exception:

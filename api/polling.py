@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from starlette.concurrency import run_in_threadpool
 
+from services.jobs.models import DEFAULT_TENANT
 from services.jobs.store import JobVersion
 
 __all__ = ["CachedBody", "JobBodies", "JobVersions"]
@@ -33,6 +34,7 @@ class CachedBody:
     version: int
     final: bool  # the job ended and no step is still being stopped: it never changes again
     body: bytes
+    tenant: str = DEFAULT_TENANT  # whose job: checked before a cached body is served
 
     @property
     def etag(self) -> str:

@@ -117,6 +117,7 @@ class JobPublic(BaseModel):
     id: str
     status: JobStatus
     name: str
+    tenant: str = Field(description="The tenant (team) the job belongs to: its submitting token's.")
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None

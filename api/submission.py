@@ -14,6 +14,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
+from api.auth import Principal
 from api.upload import Upload
 from services import descriptors
 from services.errors import (
@@ -29,6 +30,7 @@ from services.formats.archives import archive_kind
 from services.graph.planner import Plan, plan_routes
 from services.graph.registry import Registry, load_entry
 from services.jobs.store import JobStore, NewJob
+from services.jobs.worker_registry import WorkerRegistry
 from services.pipeline.local import default_model_name
 from services.spec import CompileSpec, load_spec
 from services.storage.base import ArtifactStore
@@ -111,7 +113,7 @@ def prepare_job(
     store: ArtifactStore,
     registry: Registry,
     use_cache: bool,
-    owner: str | None,
+    principal: Principal,
     scratch_root: Path,
     live_engines: Collection[str] | None = None,
     vet: bool = True,
@@ -169,7 +171,8 @@ def prepare_job(
         calibration_sha256=calibration.sha256 if calibration else None,
         calibration_filename=calibration.filename if calibration else None,
         use_cache=use_cache,
-        owner=owner,
+        owner=principal.name,
+        tenant=principal.tenant,
     )
 
 
@@ -177,16 +180,17 @@ def submit_job(
     upload: Upload,
     *,
     jobs: JobStore,
+    workers: WorkerRegistry,
     store: ArtifactStore,
     registry: Registry,
     celery_app: Any,
     use_cache: bool,
-    owner: str | None,
+    principal: Principal,
     scratch_root: Path,
     worker_max_age: float | None = None,
     vet: bool = True,
 ) -> str:
-    """Accept ``upload``: record the job with its first steps queued, enqueue them; return its id.
+    """Accept ``upload`` for ``principal``'s tenant: record the job with its first steps queued, enqueue them; return its id.
 
     With ``worker_max_age``, a job needing an engine without a worker that heartbeated that
     recently is refused unless its spec says to wait. The upload's temporary files are
@@ -195,18 +199,18 @@ def submit_job(
     try:
         live = None
         if worker_max_age is not None:
-            live = {e for w in jobs.live_workers(worker_max_age) for e in w.engines}
+            live = {e for w in workers.live_workers(worker_max_age) for e in w.engines}
         new = prepare_job(
             upload,
             store=store,
             registry=registry,
             use_cache=use_cache,
-            owner=owner,
+            principal=principal,
             scratch_root=scratch_root,
             live_engines=live,
             vet=vet,
         )
-        advance = jobs.submit_job(new)
+        advance = jobs.submit_job(new, any_names=principal.sees_all)
         start_job(jobs, celery_app, new.id, advance.queued)
     finally:
         upload.cleanup()
@@ -234,15 +238,17 @@ def resubmit(
     job_id: str,
     spec: dict[str, Any] | None,
     *,
-    owner: str | None,
+    principal: Principal,
     use_cache: bool,
 ) -> str:
     """Queue a new job on ``job_id``'s stored source with its spec, or ``spec``; return the new job's id.
 
     The source is already in the store under its content address, so nothing is uploaded or
-    detected again; the new spec is validated and planned like an upload's.
+    detected again; the new spec is validated and planned like an upload's. Only a job of
+    ``principal``'s tenant can be resubmitted (an admin: any), and the new job stays in
+    that job's tenant.
     """
-    old = jobs.get_job(job_id)
+    old = jobs.get_job(job_id, principal.tenant_filter)
     if not store.exists(old.source_key):
         raise SourceUnreadable(
             f"the source of job {job_id} is no longer in the artifact store", hint="Submit the model again."
@@ -270,8 +276,9 @@ def resubmit(
         calibration_sha256=old.calibration_sha256 if new_spec.calibration else None,
         calibration_filename=old.calibration_filename if new_spec.calibration else None,
         use_cache=use_cache,
-        owner=owner,
+        owner=principal.name,
+        tenant=old.tenant,
     )
-    advance = jobs.submit_job(new)
+    advance = jobs.submit_job(new, any_names=principal.sees_all)
     start_job(jobs, celery_app, new.id, advance.queued)
     return new.id

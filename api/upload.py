@@ -4,7 +4,10 @@ Starlette's ``request.form()`` would spool each file before we see it and cannot
 limit while reading; here python-multipart's push parser is fed ``request.stream()``
 chunks, file parts are written and hashed as they arrive (parsing and disk writes run in a
 worker thread, one ~1 MiB batch at a time, so the event loop stays free), and the upload
-stops with UPLOAD_TOO_LARGE the moment the cap is crossed. Memory stays at one batch.
+stops with UPLOAD_TOO_LARGE the moment the cap is crossed. Memory stays at one batch plus
+the text parts, which are bounded too: at most ``MAX_PARTS`` parts, ``MAX_FIELD_BYTES`` per
+text part and ``MAX_TEXT_BYTES`` for all of them together; python-multipart itself bounds
+each part's headers (8 of them, 4 KiB each: a malformed body past that).
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ __all__ = ["ReceivedFile", "Upload", "receive_upload", "safe_filename"]
 #: Parts that carry files; anything else is a small text field (the spec).
 FILE_PARTS = ("model", "calibration")
 MAX_FIELD_BYTES = 1 << 20
+#: All text parts together (the spec, and whatever else a client sends): held in memory.
+MAX_TEXT_BYTES = 2 << 20
+#: Parts of one request: model, spec and calibration, and room for a client's extra fields.
+MAX_PARTS = 16
 BATCH_BYTES = 1 << 20
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -79,10 +86,18 @@ class _Collector:
         self.size = 0
         self.text: bytearray | None = None
         self.filename = ""
+        self.parts = 0
+        self.text_bytes = 0  # of every text part so far
 
     # header callbacks
     def on_part_begin(self) -> None:
         self.headers, self.name, self.file, self.text = {}, None, None, None
+        self.parts += 1
+        if self.parts > MAX_PARTS:
+            raise InvalidSpec(
+                f"the request has more than {MAX_PARTS} parts",
+                hint="POST /compile takes a `model` file, a `spec` and an optional `calibration` file.",
+            )
 
     def on_header_field(self, data: bytes, start: int, end: int) -> None:
         self._hname += data[start:end]
@@ -120,6 +135,11 @@ class _Collector:
         elif self.text is not None:
             if self.size > MAX_FIELD_BYTES:
                 raise InvalidSpec(f"the `{self.name}` part is over {MAX_FIELD_BYTES} bytes", field=self.name)
+            self.text_bytes += len(chunk)
+            if self.text_bytes > MAX_TEXT_BYTES:
+                raise UploadTooLarge(
+                    f"the request's text parts are over {MAX_TEXT_BYTES} bytes together", limit=MAX_TEXT_BYTES
+                )
             self.text += chunk
 
     def on_part_end(self) -> None:

@@ -142,6 +142,7 @@ def job_public(job: Job, store: ArtifactStore) -> JobPublic:
         id=job.id,
         status=job.status,  # type: ignore[arg-type]
         name=job.name,
+        tenant=job.tenant,
         created_at=job.created_at,
         started_at=job.started_at,
         finished_at=job.finished_at,

@@ -167,7 +167,7 @@ def _flush(store: Any, insert: Any, job: Any, step: Any, event: Any, *rows: list
     jobs, steps, events = rows
     if not jobs:
         return
-    with store.write() as s:
+    with store.db.write() as s:
         s.execute(insert(job), jobs)
         s.execute(insert(step), steps)
         s.execute(insert(event), events)

@@ -36,7 +36,14 @@ out = Console(width=_WIDTH)
 
 #: Exit statuses: 1 for a failed target, 2 for bad usage or input, 3 for internal errors.
 EXIT_FAILED, EXIT_INPUT, EXIT_INTERNAL = 1, 2, 3
-_INPUT_CODES = {"INVALID_SPEC", "UNSUPPORTED_FORMAT", "SOURCE_UNREADABLE", "UNSAFE_INPUT", "NO_ROUTE"}
+_INPUT_CODES = {
+    "INVALID_SPEC",
+    "UNSUPPORTED_FORMAT",
+    "SOURCE_UNREADABLE",
+    "UNSAFE_INPUT",
+    "NO_ROUTE",
+    "INVALID_SETTINGS",
+}
 
 
 def _print_error(err: KilnError) -> None:
@@ -569,4 +576,4 @@ def schema_cmd() -> None:
 if __name__ == "__main__":  # pragma: no cover
     main()
 
-from cli import service_commands  # noqa: E402,F401  (registers api, worker, migrate, serve, token)
+from cli import secrets_commands, service_commands  # noqa: E402,F401  (registers api, worker, migrate, serve, token, secrets)

@@ -22,10 +22,43 @@ __all__ = ["api_cmd", "migrate_cmd", "serve_cmd", "token_group", "worker_cmd"]
 
 
 def _settings(**overrides: Any) -> Any:
+    """Return the process's settings (with ``overrides``); INVALID_SETTINGS naming what is wrong."""
+    from pydantic import ValidationError
+
+    from services.errors import InvalidSettings
     from services.settings import Settings, get_settings
 
-    base = get_settings()
-    return Settings.model_validate({**base.model_dump(), **overrides}) if overrides else base
+    try:
+        base = get_settings()
+        return Settings.model_validate({**base.model_dump(), **overrides}) if overrides else base
+    except ValidationError as exc:
+        problems = "; ".join(str(e.get("msg", "")).removeprefix("Value error, ") for e in exc.errors())
+        raise InvalidSettings(f"the settings are refused: {problems}") from None
+
+
+#: Host names that reach only this machine: where an API without auth may listen.
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+def _open_api_settings(settings: Any, host: str) -> Any:
+    """Return ``settings`` for an API listening on ``host``: with auth off, loopback only and loopback names only.
+
+    With auth off every caller is an admin, so the API must not be reachable from another
+    machine (INVALID_SETTINGS otherwise), and answers only Host names of this machine, so
+    a page that rebinds its own DNS name to 127.0.0.1 cannot reach it either.
+    """
+    from services.errors import InvalidSettings
+
+    if settings.auth_enabled:
+        return settings
+    if host not in LOOPBACK:
+        raise InvalidSettings(
+            f"with auth off every caller is an admin, so Kiln listens only on loopback, not on {host}",
+            hint="Set KILN_AUTH_ENABLED=true (and create a token: `kiln token create NAME`), or keep --host 127.0.0.1.",
+        )
+    if settings.allowed_hosts:
+        return settings
+    return settings.model_copy(update={"allowed_hosts": "127.0.0.1,localhost,[::1]"})  # any port
 
 
 @main.command("api")
@@ -46,14 +79,25 @@ def api_cmd(host: str, port: int, workers: int, access_log: bool, http_impl: str
     """Run the HTTP API against KILN_DATABASE_URL, KILN_BROKER_URL, KILN_REPOSITORY, KILN_ARTIFACT_STORE."""
     import uvicorn
 
-    opts: dict[str, Any] = {"host": host, "port": port, "access_log": access_log, "http": http_impl}
+    settings = _open_api_settings(_settings(), host)
+    # proxy_headers off: uvicorn would believe X-Forwarded-* from 127.0.0.1 by default; the app
+    # believes exactly KILN_TRUSTED_PROXIES instead (api.app).
+    opts: dict[str, Any] = {
+        "host": host,
+        "port": port,
+        "access_log": access_log,
+        "http": http_impl,
+        "proxy_headers": False,
+    }
     if workers > 1:
         # Each process builds its own app from the environment.
+        if settings.allowed_hosts:
+            os.environ["KILN_ALLOWED_HOSTS"] = settings.allowed_hosts
         uvicorn.run("api.app:create_app", factory=True, workers=workers, **opts)
         return
     from api.app import create_app
 
-    uvicorn.run(create_app(_settings()), **opts)
+    uvicorn.run(create_app(settings), **opts)
 
 
 @main.command("worker")
@@ -167,6 +211,7 @@ def serve_cmd(host: str, port: int, repo: str, concurrency: int) -> None:
     if isinstance(repository, LocalModelRepository):
         repo = str(repository.root)  # absolute: the worker processes share it
     settings = _settings(repository=repo, database_url="", broker_url="", artifact_store="")
+    settings = _open_api_settings(settings, host)
     upgrade(database_url(settings))
     engines = resolve_engines([])
     env = {
@@ -184,8 +229,12 @@ def serve_cmd(host: str, port: int, repo: str, concurrency: int) -> None:
     supervisor = _WorkerSupervisor(argv, env)
     supervisor.start()
     console.print(f"kiln serve: API on http://{host}:{port}, worker for {', '.join(engines)}, repository {repo}")
+    if not settings.auth_enabled:
+        console.print(
+            "kiln serve: auth is off: anyone on this machine is an admin; other sites' pages may not change anything"
+        )
     try:
-        uvicorn.run(create_app(settings), host=host, port=port)
+        uvicorn.run(create_app(settings), host=host, port=port, proxy_headers=False)
     finally:
         supervisor.stop()
 
@@ -202,15 +251,22 @@ def token_group() -> None:
     "scopes",
     multiple=True,
     type=click.Choice(["read", "write", "admin"]),
-    help="Scopes (repeatable; default read and write).",
+    help="Scopes (repeatable; default read and write). admin sees and changes every tenant's jobs.",
+)
+@click.option(
+    "--tenant",
+    default="default",
+    show_default=True,
+    help="The tenant (team) the token acts for: it sees and changes only that tenant's jobs, logs, "
+    "artifacts and model names.",
 )
 @handle_errors
-def token_create(name: str, scopes: tuple[str, ...]) -> None:
-    """Create a token NAME and print it once (only its hash is stored)."""
+def token_create(name: str, scopes: tuple[str, ...], tenant: str) -> None:
+    """Create a token NAME of TENANT and print it once (only its hash is stored)."""
     from services.jobs.db import database_url
-    from services.jobs.store import JobStore
+    from services.jobs.tokens import TokenStore
 
-    token = JobStore(database_url(_settings())).create_token(name, scopes or ("read", "write"))
+    token = TokenStore(database_url(_settings())).create_token(name, scopes or ("read", "write"), tenant)
     click.echo(token)  # plain: scripts capture it
 
 
@@ -218,12 +274,12 @@ def token_create(name: str, scopes: tuple[str, ...]) -> None:
 @click.argument("name")
 @handle_errors
 def token_revoke(name: str) -> None:
-    """Revoke the token NAME."""
+    """Revoke the token NAME (its dashboard sessions end with it)."""
     from services.errors import NotFound
     from services.jobs.db import database_url
-    from services.jobs.store import JobStore
+    from services.jobs.tokens import TokenStore
 
-    if not JobStore(database_url(_settings())).revoke_token(name):
+    if not TokenStore(database_url(_settings())).revoke_token(name):
         raise NotFound(f"no live token named {name!r}", hint="List them with `kiln token list`.")
     out.print(f"revoked {name}")
 
@@ -231,10 +287,10 @@ def token_revoke(name: str) -> None:
 @token_group.command("list")
 @handle_errors
 def token_list() -> None:
-    """List tokens (names, scopes, state; never the tokens)."""
+    """List tokens (names, tenants, scopes, state; never the tokens)."""
     from services.jobs.db import database_url
-    from services.jobs.store import JobStore
+    from services.jobs.tokens import TokenStore
 
-    for t in JobStore(database_url(_settings())).list_tokens():
+    for t in TokenStore(database_url(_settings())).list_tokens():
         state = f"revoked {t.revoked_at:%Y-%m-%d}" if t.revoked_at else "active"
-        out.print(f"{t.name}\t{t.scopes}\t{state}")
+        out.print(f"{t.name}\t{t.tenant}\t{t.scopes}\t{state}")

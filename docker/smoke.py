@@ -5,10 +5,13 @@ Starts a private Docker engine (vfs storage, no bridge, no iptables), builds a D
 image with debootstrap (docker/smoke/build_base.sh) and passes it as KILN_BASE_IMAGE, builds
 the API and onnxruntime worker images of compose.yaml plus Redis, PostgreSQL and an S3 server
 (SeaweedFS in MinIO's place) from docker/compose.smoke.yaml, brings up api +
-worker-onnxruntime (and so redis, postgres, minio, the bucket creation and the migration),
-compiles examples/tiny_cnn.onnx through the REST API, checks the job's report and the
-published repository in S3 (Triton's config parses, the published model runs and agrees with
-the source), then tears the stack down and stops every process it started.
+worker-onnxruntime (and so secrets-init, redis, postgres, minio, the bucket creation and the
+migration) with no settings of its own: compose's defaults must come up with auth on. It
+takes the admin token secrets-init printed (once), checks that the API refuses anonymous and
+cross-site requests and is published on loopback only, compiles examples/tiny_cnn.onnx
+through the REST API with the token, checks the job's report and the published repository
+in S3 with the generated S3 password (Triton's config parses, the published model runs and
+agrees with the source), then tears the stack down and stops every process it started.
 
     sudo .venv/bin/python docker/smoke.py            # warm: reuses the cached base and layers
     sudo .venv/bin/python docker/smoke.py --cold     # wipes the cache first
@@ -27,7 +30,7 @@ import hashlib
 import importlib.util
 import json
 import os
-import secrets
+import re
 import shutil
 import signal
 import socket
@@ -266,11 +269,7 @@ class Stack:
             "KILN_IMAGE_TAG": "local",
             "KILN_API_PORT": str(api_port),
             "KILN_SMOKE_S3_PORT": str(s3_port),
-            "KILN_ENVIRONMENT": "development",
-            "KILN_AUTH_ENABLED": "false",
-            "POSTGRES_PASSWORD": secrets.token_hex(12),
-            "MINIO_ROOT_USER": "kiln-smoke",
-            "MINIO_ROOT_PASSWORD": secrets.token_hex(16),
+            # Nothing about auth, environment or credentials: compose's own defaults are under test.
         }
 
     def compose(
@@ -322,11 +321,54 @@ class Stack:
 # --- the checks ---------------------------------------------------------------------------------
 
 
-def submit_and_wait(base_url: str, timeout: float) -> dict[str, Any]:
+def admin_token(stack: Stack) -> str:
+    """Return the admin token secrets-init printed at first start, checked against the one it kept."""
+    logs = stack.compose("logs", "--no-color", "secrets-init").stdout
+    shown = re.findall(r"Kiln admin token \(shown this once; kept in (\S+)\): (kiln_\S+)", logs)
+    if len(shown) != 1:
+        raise SmokeFailure(f"secrets-init did not print the admin token exactly once:\n{logs[-2000:]}")
+    path, token = shown[0]
+    kept = stack.compose("exec", "-T", "api", "cat", path).stdout.strip()
+    if kept != token:
+        raise SmokeFailure("the admin token kept in the secrets volume is not the one printed")
+    return str(token)
+
+
+def check_safe_defaults(base_url: str, stack: Stack, token: str) -> None:
+    """Auth is on, cross-site changes are refused, and only loopback addresses are published."""
+    import httpx
+
+    auth = {"Authorization": f"Bearer {token}"}
+    with httpx.Client(base_url=base_url, timeout=30) as http:
+        for method, path in (("GET", "/jobs"), ("GET", "/engines"), ("POST", "/compile"), ("POST", "/plan")):
+            r = http.request(method, path)
+            if r.status_code != 401 or r.json().get("code") != "UNAUTHORIZED":
+                raise SmokeFailure(f"anonymous {method} {path} answered {r.status_code}: {r.text[:300]}")
+        r = http.post(
+            "/plan",
+            json={"source_format": "onnx", "spec": {"targets": ["onnxruntime"]}},
+            headers={**auth, "Origin": "http://attacker.example", "Sec-Fetch-Site": "cross-site"},
+        )
+        if r.status_code != 403 or r.json().get("code") != "FORBIDDEN":
+            raise SmokeFailure(f"a cross-site POST /plan answered {r.status_code}: {r.text[:300]}")
+        if http.get("/jobs", headers=auth).status_code != 200:
+            raise SmokeFailure("the admin token printed by secrets-init does not read GET /jobs")
+    published = [
+        (c["Service"], p) for c in stack.containers() for p in (c.get("Publishers") or []) if p.get("PublishedPort")
+    ]
+    wide = [(svc, p) for svc, p in published if p.get("URL") not in ("127.0.0.1", "::1")]
+    if wide or not any(svc == "api" for svc, _ in published):
+        raise SmokeFailure(f"published beyond loopback (or the API not at all): {published}")
+    if any(p.get("TargetPort") == 9001 for _, p in published):
+        raise SmokeFailure(f"the MinIO console is published: {published}")
+    log(f"safe defaults: anonymous 401, cross-site 403, published only {sorted({p['URL'] for _, p in published})}")
+
+
+def submit_and_wait(base_url: str, token: str, timeout: float) -> dict[str, Any]:
     import httpx
 
     spec = {"targets": ["onnxruntime"], "name": MODEL_NAME}
-    with httpx.Client(base_url=base_url, timeout=60) as http:
+    with httpx.Client(base_url=base_url, timeout=60, headers={"Authorization": f"Bearer {token}"}) as http:
         engines = http.get("/engines").json()
         served = {e["name"]: e["workers"] for e in engines["engines"]}
         if served.get("onnxruntime", 0) < 1:
@@ -357,7 +399,7 @@ def submit_and_wait(base_url: str, timeout: float) -> dict[str, Any]:
         raise SmokeFailure(f"job {job_id} still {status} after {timeout:.0f}s")
 
 
-def check_repository(base_url: str, stack: Stack, job: dict[str, Any]) -> dict[str, float]:
+def check_repository(base_url: str, stack: Stack, job: dict[str, Any], token: str) -> dict[str, float]:
     """Check GET /repository and the published files themselves; return the numbers measured."""
     import boto3
     import httpx
@@ -378,7 +420,7 @@ def check_repository(base_url: str, stack: Stack, job: dict[str, Any]) -> dict[s
         raise SmokeFailure(f"steps ran on {ran_on}, not on the onnxruntime worker container(s) {hosts}")
     log(f"parity reported by the job: {json.dumps(target['parity'])[:300]}")
 
-    listing = httpx.get(f"{base_url}/repository", timeout=30).json()
+    listing = httpx.get(f"{base_url}/repository", timeout=30, headers={"Authorization": f"Bearer {token}"}).json()
     models = {m["name"]: m for m in listing["models"]}
     if MODEL_NAME not in models or not models[MODEL_NAME]["versions"]:
         raise SmokeFailure(f"GET /repository does not list {MODEL_NAME}: {listing}")
@@ -393,8 +435,11 @@ def check_repository(base_url: str, stack: Stack, job: dict[str, Any]) -> dict[s
         "s3",
         endpoint_url=f"http://127.0.0.1:{stack.s3_port}",
         region_name="us-east-1",
-        aws_access_key_id=stack.env["MINIO_ROOT_USER"],
-        aws_secret_access_key=stack.env["MINIO_ROOT_PASSWORD"],
+        aws_access_key_id="kiln",  # compose.yaml's MINIO_ROOT_USER default
+        # The password secrets-init generated, as the Kiln containers read it.
+        aws_secret_access_key=stack.compose(
+            "exec", "-T", "api", "cat", "/run/kiln/secrets/KILN_S3_SECRET_ACCESS_KEY"
+        ).stdout.strip(),
     )
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for obj in page.get("Contents", []):
@@ -476,10 +521,13 @@ def run(cache: Path, job_timeout: float) -> dict[str, float]:
             stack.compose("up", "--detach", "--no-build", *SERVICES, logfile=run_dir / "up.log")
             stack.wait_healthy(SERVICES, timeout=300)
         base_url = f"http://127.0.0.1:{stack.api_port}"
+        with phase("safe defaults"):
+            token = admin_token(stack)
+            check_safe_defaults(base_url, stack, token)
         with phase("compile through the API"):
-            job = submit_and_wait(base_url, job_timeout)
+            job = submit_and_wait(base_url, token, job_timeout)
         with phase("check repository"):
-            numbers = check_repository(base_url, stack, job)
+            numbers = check_repository(base_url, stack, job, token)
         numbers["server_seconds"] = float(job.get("server_seconds") or 0.0)
         return numbers
     except SmokeFailure:

@@ -18,7 +18,7 @@ __all__ = ["main"]
 
 def main() -> int:
     from services.jobs.db import database_url
-    from services.jobs.store import JobStore
+    from services.jobs.worker_registry import WorkerRegistry
     from services.settings import get_settings
 
     settings = get_settings()
@@ -26,7 +26,7 @@ def main() -> int:
     max_age = max(30.0, 6 * settings.step_heartbeat_interval)
     suffix = "@" + socket.gethostname()
     try:
-        live = JobStore(database_url(settings)).live_workers(max_age)
+        live = WorkerRegistry(database_url(settings)).live_workers(max_age)
     except Exception as exc:  # the probe reports, it never raises
         print(f"unhealthy: job store unreachable: {type(exc).__name__}: {exc}"[:300])
         return 1

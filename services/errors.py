@@ -15,6 +15,7 @@ __all__ = [
     "ConversionFailed",
     "EngineUnavailable",
     "Forbidden",
+    "InvalidSettings",
     "InvalidSpec",
     "KilnError",
     "NoRoute",
@@ -175,6 +176,11 @@ class StorageFull(KilnError):
     )
 
 
+class InvalidSettings(KilnError):
+    code = "INVALID_SETTINGS"
+    default_hint = "Fix the KILN_* settings named above (services/settings.py documents each); see docs/security.md."
+
+
 class UnsupportedOps(KilnError):
     code = "UNSUPPORTED_OPS"
     default_hint = "The target engine cannot import some of the model's operators; the list is in the details."
@@ -198,6 +204,7 @@ _BY_CODE: dict[str, type[KilnError]] = {
         NotFound,
         Unauthorized,
         Forbidden,
+        InvalidSettings,
         RepositoryConflict,
         ServiceUnavailable,
         UnsupportedOps,
@@ -225,6 +232,7 @@ HTTP_STATUS: dict[str, int] = {
     "REPOSITORY_CONFLICT": 409,
     "SERVICE_UNAVAILABLE": 503,
     "UNSUPPORTED_OPS": 422,
+    "INVALID_SETTINGS": 500,
     "INTERNAL": 500,
     "STORAGE_FULL": 507,
     # The web framework's own refusals (api/errors.py FRAMEWORK_CODES), before any Kiln code runs.

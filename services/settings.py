@@ -8,6 +8,7 @@ Helm chart's ConfigMap/Secret use exactly these names).
 from __future__ import annotations
 
 import os
+import re
 from enum import Enum
 from functools import lru_cache
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["Environment", "Settings", "get_settings"]
+__all__ = ["DEFAULT_PASSWORDS", "Environment", "Settings", "get_settings"]
 
 
 class Environment(str, Enum):
@@ -35,6 +36,22 @@ def _default_data() -> Path:
     return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "kiln"
 
 
+#: Passwords and keys that shipped as defaults somewhere (Kiln's own compose file before it
+#: generated them, MinIO's, PostgreSQL's images' examples): production refuses them.
+DEFAULT_PASSWORDS = frozenset(
+    {"", "kiln", "kiln-minio-secret", "minioadmin", "postgres", "password", "secret", "admin", "changeme"}
+    | {"change-me", "change-me-too"}
+)
+#: The shortest secret (admin token, session key) production accepts: 128 bits of hex or base64.
+MIN_SECRET_CHARS = 32
+
+
+def _url_password(url: str) -> str | None:
+    """Return the password in a database URL (``scheme://user:password@host/db``), None without one."""
+    m = re.match(r"^[^:/]+(?:\+[^:/]+)?://[^:@/]*:([^@/]*)@", url)
+    return m.group(1) if m else None
+
+
 #: Seconds a benchmark waits for its host to be quiet by default (services/pipeline/host_gate.py).
 BENCH_QUIET_WAIT = 120.0
 
@@ -46,6 +63,12 @@ class Settings(BaseSettings):
 
     environment: Environment = Field(
         default=Environment.DEVELOPMENT, description="development | production; production refuses unsafe defaults."
+    )
+    secrets_dir: str = Field(
+        default="",
+        description="A directory of files named like these variables (KILN_DATABASE_URL, KILN_ADMIN_TOKEN, ...) "
+        "whose contents are the values: compose's generated secrets. Read from the environment by get_settings "
+        "before the rest; a variable set in the environment wins over its file.",
     )
     cache_dir: Path = Field(default_factory=_default_cache, description="Local scratch space and artifact cache.")
     data_dir: Path = Field(
@@ -88,7 +111,41 @@ class Settings(BaseSettings):
         default="", description="Celery broker URL (redis://...); empty = the embedded broker that needs no server."
     )
     max_upload_bytes: int = Field(default=4 * 1024**3, ge=1, description="Largest accepted model upload.")
-    auth_enabled: bool = Field(default=False, description="Require bearer API tokens on every endpoint but health.")
+    auth_enabled: bool = Field(
+        default=False,
+        description="Require API tokens on every endpoint but health. Off, every caller is an anonymous admin: "
+        "only for `kiln serve` on a laptop's loopback (production refuses it).",
+    )
+    admin_token: SecretStr = Field(
+        default=SecretStr(""),
+        description="An admin token the API makes live at start (token `admin`, tenant `default`): compose "
+        "generates it on first start, the Helm chart keeps it in its Secret. Empty = none; `kiln token create` "
+        "makes the others.",
+    )
+    session_secret: SecretStr = Field(
+        default=SecretStr(""),
+        description="Key that signs the dashboard's session cookies and CSRF tokens; every API replica needs the "
+        "same. Empty = a key generated on first use in <data_dir>/session-secret (development only).",
+    )
+    session_lifetime: float = Field(
+        default=12 * 3600.0, gt=0, description="Seconds a dashboard session lasts after sign-in."
+    )
+    trusted_proxies: str = Field(
+        default="",
+        description="Comma-separated addresses or CIDRs of the reverse proxies (TLS-terminating ingress) whose "
+        "X-Forwarded-Proto and X-Forwarded-For the API believes, or `*` for any. Empty = none: the scheme and "
+        "client are the connection's own.",
+    )
+    allowed_origins: str = Field(
+        default="",
+        description="Comma-separated origins (scheme://host[:port]) besides the API's own from which a browser may "
+        "send state-changing requests; any other Origin, and Sec-Fetch-Site: cross-site, is refused (FORBIDDEN).",
+    )
+    allowed_hosts: str = Field(
+        default="",
+        description="Comma-separated Host header values the API answers; empty = any. `kiln serve` with auth off "
+        "answers only loopback names, so a DNS-rebinding page cannot reach it.",
+    )
     step_soft_time_limit: int = Field(default=3600, ge=1, description="Seconds before a step is asked to stop.")
     step_hard_time_limit: int = Field(default=3900, ge=1, description="Seconds before a step is killed.")
     # Read by the step code from the environment (steps get no Settings): services/pipeline/host_gate.py.
@@ -140,9 +197,30 @@ class Settings(BaseSettings):
                 problems.append("KILN_BROKER_URL must name a broker (Redis)")
             if not self.vet_uploads or self.sandbox == "off":
                 problems.append("KILN_VET_UPLOADS must be true and KILN_SANDBOX not off")
+            if _url_password(self.database_url) in DEFAULT_PASSWORDS:
+                problems.append("KILN_DATABASE_URL carries a default password")
+            if self.s3_access_key_id and self.s3_secret_access_key.get_secret_value() in DEFAULT_PASSWORDS:
+                problems.append("KILN_S3_SECRET_ACCESS_KEY is a default credential")
+            if len(self.session_secret.get_secret_value()) < MIN_SECRET_CHARS:
+                problems.append(f"KILN_SESSION_SECRET must be set (at least {MIN_SECRET_CHARS} characters)")
+            admin = self.admin_token.get_secret_value()
+            if admin and (len(admin) < MIN_SECRET_CHARS or admin in DEFAULT_PASSWORDS):
+                problems.append(f"KILN_ADMIN_TOKEN must be a generated token (at least {MIN_SECRET_CHARS} characters)")
             if problems:
                 raise ValueError("unsafe production settings: " + "; ".join(problems))
         return self
+
+    @property
+    def trusted_proxy_list(self) -> list[str]:
+        return _split(self.trusted_proxies)
+
+    @property
+    def allowed_origin_list(self) -> list[str]:
+        return [o.rstrip("/").lower() for o in _split(self.allowed_origins)]
+
+    @property
+    def allowed_host_list(self) -> list[str]:
+        return [h.lower() for h in _split(self.allowed_hosts)]
 
     @property
     def store_location(self) -> str:
@@ -150,7 +228,18 @@ class Settings(BaseSettings):
         return self.artifact_store or str(self.cache_dir / "store")
 
 
+def _split(value: str) -> list[str]:
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
 @lru_cache
 def get_settings() -> Settings:
-    """Return the process's settings (tests call ``get_settings.cache_clear()`` to swap them)."""
-    return Settings()
+    """Return the process's settings (tests call ``get_settings.cache_clear()`` to swap them).
+
+    ``KILN_SECRETS_DIR`` names a directory of files named like the variables
+    (``KILN_DATABASE_URL``, ``KILN_ADMIN_TOKEN``, ...): what compose's generated secrets
+    volume holds. A variable set in the environment wins over its file.
+    """
+    secrets_dir = os.environ.get("KILN_SECRETS_DIR") or None
+    # pydantic-settings' init argument for the secrets directory, which mypy's view of the class lacks.
+    return Settings(_secrets_dir=secrets_dir)  # type: ignore[call-arg]

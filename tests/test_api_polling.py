@@ -19,6 +19,7 @@ from jobs_support import redis_url
 
 from api.app import create_app
 from services.jobs.db import database_url
+from services.jobs.scheduling import StepScheduler
 from services.jobs.store import JobStore
 from services.settings import Settings
 from workers.app import create_celery_app
@@ -66,8 +67,8 @@ def test_a_polled_job_answers_304_until_it_changes_and_then_shows_the_change(
     assert again.status_code == 304 and again.content == b"" and again.headers["etag"] == etag
     # A worker claims the first step behind the API's back: the next read must show it,
     # though a body of the job is cached.
-    jobs = JobStore(database_url(settings))
-    assert jobs.claim_step(job_id, "reference", "w1", stale_after=60) is not None
+    steps = StepScheduler(database_url(settings))
+    assert steps.claim_step(job_id, "reference", "w1", stale_after=60) is not None
     moved = client.get(f"/jobs/{job_id}", headers={"If-None-Match": etag})
     assert moved.status_code == 200 and moved.headers["etag"] != etag
     body = moved.json()

@@ -35,6 +35,7 @@ def _app() -> object:
     root = Path(tempfile.mkdtemp(prefix="kiln-schemathesis-"))
     s = Settings(
         cache_dir=root / "cache",
+        data_dir=root / "data",  # built at import, before conftest points KILN_DATA_DIR away from the home
         repository=str(root / "repo"),
         artifact_store=str(root / "store"),
         broker_url=redis_url(14),
@@ -59,7 +60,7 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 def test_the_api_answers_only_what_its_openapi_document_declares(case: schemathesis.Case) -> None:
     # A submission for an engine with no live worker is refused (503 ENGINE_UNAVAILABLE): a
     # worker's heartbeat, refreshed for every case, lets valid jobs through to the rest of the API.
-    APP.state.jobs.worker_heartbeat(  # type: ignore[attr-defined]
+    APP.state.workers.worker_heartbeat(  # type: ignore[attr-defined]
         "schemathesis", engines=list(ENGINES), versions={}, pid=os.getpid(), concurrency=1
     )
     case.call_and_validate(checks=CHECKS)

@@ -35,7 +35,7 @@ def _half_sent_upload(port: int, sent_bytes: int) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port))
     sock.sendall(
         (
-            "POST /compile HTTP/1.1\r\nHost: kiln\r\n"
+            "POST /compile HTTP/1.1\r\nHost: 127.0.0.1\r\n"  # an API without auth answers loopback names only
             f"Content-Type: multipart/form-data; boundary={BOUNDARY}\r\nContent-Length: {declared}\r\n\r\n"
         ).encode()
         + head

@@ -112,9 +112,9 @@ def test_health_probes_need_no_token_and_everything_else_does(secured: TestClien
 
 
 def test_a_read_token_reads_but_may_not_submit_or_cancel(secured: TestClient, cnn_onnx: Path) -> None:
-    jobs = secured.app.state.jobs  # type: ignore[attr-defined]
-    reader = {"Authorization": f"Bearer {jobs.create_token('reader', ['read'])}"}
-    writer = {"Authorization": f"Bearer {jobs.create_token('writer', ['write'])}"}
+    tokens = secured.app.state.tokens  # type: ignore[attr-defined]
+    reader = {"Authorization": f"Bearer {tokens.create_token('reader', ['read'])}"}
+    writer = {"Authorization": f"Bearer {tokens.create_token('writer', ['write'])}"}
     assert secured.get("/jobs", headers=reader).status_code == 200
     assert "/compile" in secured.get("/openapi.json", headers=reader).json()["paths"]
     files = {
@@ -130,7 +130,7 @@ def test_a_read_token_reads_but_may_not_submit_or_cancel(secured: TestClient, cn
     assert secured.delete(f"/jobs/{job_id}", headers=writer).status_code == 202
     assert secured.get(f"/jobs/{job_id}", headers=writer).json()["status"] == "cancelled"
     # Revoked tokens stop working (once the few-second verification cache has let go).
-    jobs.revoke_token("writer")
+    tokens.revoke_token("writer")
     secured.app.state.token_cache._items.clear()  # type: ignore[attr-defined]
     assert secured.get("/jobs", headers=writer).status_code == 401
 
@@ -168,8 +168,8 @@ def test_plan_explains_no_route_and_names_bad_fields(client: TestClient) -> None
 
 
 def test_engines_lists_live_workers_and_their_versions(client: TestClient) -> None:
-    jobs = client.app.state.jobs  # type: ignore[attr-defined]
-    jobs.worker_heartbeat(
+    workers = client.app.state.workers  # type: ignore[attr-defined]
+    workers.worker_heartbeat(
         "kiln-openvino-1@test",
         engines=["openvino"],
         versions={"openvino": {"openvino": "2026.4.1"}},
@@ -188,7 +188,7 @@ def test_engines_lists_live_workers_and_their_versions(client: TestClient) -> No
     assert [w["hostname"] for w in body["workers"]] == ["kiln-openvino-1@test"]
     plan = client.post("/plan", json={"source_format": "onnx", "spec": {"targets": ["openvino"]}}).json()
     assert plan["engines_without_workers"] == ["onnxruntime"]
-    jobs.worker_stopped("kiln-openvino-1@test")
+    workers.worker_stopped("kiln-openvino-1@test")
 
 
 def test_metrics_count_requests_by_route_and_report_jobs_and_queues(client: TestClient) -> None:

@@ -21,13 +21,14 @@ from jobs_support import migrated_pg, redis_url
 from sqlalchemy import update
 
 from api.app import create_app
-from api.auth import CSRF_HEADER, SESSION_COOKIE, csrf_token
+from api.sessions import CSRF_FIELD, CSRF_HEADER, SESSION_COOKIE
 from api.ui import STATIC_DIR
 from services.errors import ParityFailed
 from services.formats import Format
 from services.graph.planner import plan_routes
 from services.jobs.models import Job, JobStep
 from services.jobs.store import JobFilter, JobStore, NewJob
+from services.jobs.tokens import TokenStore
 from services.settings import Settings
 from services.spec import load_spec
 from workers.app import create_celery_app
@@ -38,6 +39,7 @@ VENDOR = STATIC_DIR / "vendor"
 def _settings(root: Path, **extra: Any) -> Settings:
     return Settings(
         cache_dir=root / "cache",
+        data_dir=root / "data",
         repository=str(root / "repo"),
         artifact_store=str(root / "store"),
         broker_url=redis_url(14),
@@ -140,7 +142,7 @@ def test_job_list_filters_by_target_engine_precision_source_and_date(store: JobS
     assert set(ids(source_sha256="a1a1")) == {a, c}  # a prefix is enough
     assert ids() == [c, b, a]  # newest first
     assert ids(sort="created_at", ascending=True) == [a, b, c]
-    with store.write() as s:
+    with store.db.write() as s:
         s.execute(update(Job).where(Job.id == a).values(created_at=datetime.now(UTC) - timedelta(days=3)))
     assert set(ids(created_after=datetime.now(UTC) - timedelta(days=1))) == {b, c}
     assert ids(created_before=datetime.now(UTC) - timedelta(days=1)) == [a]
@@ -164,7 +166,7 @@ def test_a_100000_line_log_has_tail_offset_and_a_bounded_page(client: TestClient
     job_id = _upload(client, cnn_onnx, {"targets": ["onnxruntime"], "name": "chatty"})
     jobs: JobStore = client.app.state.jobs  # type: ignore[attr-defined]
     lines = "\n".join(f"tool line {i}" for i in range(100_000))
-    with jobs.write() as s:
+    with jobs.db.write() as s:
         s.execute(update(JobStep).where(JobStep.job_id == job_id, JobStep.step_id == "reference").values(log=lines))
 
     whole = client.get(f"/jobs/{job_id}/logs")
@@ -250,12 +252,27 @@ def auth_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Test
     settings = _settings(tmp_path_factory.mktemp("dash-auth"), auth_enabled=True)
     app = create_app(settings, create_celery_app(settings))
     with TestClient(app) as c:
-        store: JobStore = app.state.jobs
-        tokens = {"read": store.create_token("r", ["read"]), "write": store.create_token("w", ["write"])}
+        store: TokenStore = app.state.tokens
+        tokens = {
+            "read": store.create_token("r", ["read"]),
+            "write": store.create_token("w", ["write"]),
+            "other": store.create_token("o", ["write"], "other-team"),
+        }
         yield c, tokens
 
 
-def test_login_sets_a_strict_httponly_cookie_and_pages_need_it(
+def _sign_in(client: TestClient, token: str) -> str:
+    """Sign in through the login form; return the CSRF token the pages then carry."""
+    client.cookies.clear()
+    r = client.post("/ui/login", data={"token": token, "next": "/ui/"}, follow_redirects=False)
+    assert r.status_code == 303, r.text
+    page = client.get("/ui/")
+    found = re.search(r'"X-CSRF-Token": "([0-9a-f]{64})"', page.text)
+    assert found, page.text[:2000]
+    return found.group(1)
+
+
+def test_login_sets_a_strict_httponly_cookie_holding_a_signed_session_not_the_token(
     auth_client: tuple[TestClient, dict[str, str]],
 ) -> None:
     client, tokens = auth_client
@@ -271,14 +288,26 @@ def test_login_sets_a_strict_httponly_cookie_and_pages_need_it(
     assert ok.status_code == 303 and ok.headers["location"] == "/ui/"  # no open redirect
     cookie = ok.headers["set-cookie"]
     assert f"{SESSION_COOKIE}=" in cookie and "HttpOnly" in cookie and "SameSite=strict" in cookie
-    assert "Secure" not in cookie  # plain http here; https gets Secure
+    assert "Secure" not in cookie  # plain http here; https gets Secure (test below)
+    value = client.cookies[SESSION_COOKIE]
+    assert tokens["read"] not in value and tokens["read"].split("_", 2)[2] not in value  # not the token
+    session_id = client.app.state.session_keys.unsign(value)  # type: ignore[attr-defined]
+    assert session_id is not None and len(session_id) >= 43  # a random id, signed
     page = client.get("/ui/")
     assert page.status_code == 200 and 'href="/ui/submit"' not in page.text  # read scope: no submit
+    assert "default" in page.text  # the viewer's tenant is shown
     assert client.get("/ui/submit", follow_redirects=False).status_code in (303, 403, 404)
+    # The token itself, or a session id with a forged signature, is no session.
+    for forged in (tokens["read"], f"{session_id}.{'A' * 27}", value[:-2] + ("AA" if value[-2:] != "AA" else "BB")):
+        client.cookies.clear()
+        client.cookies.set(SESSION_COOKIE, forged)
+        r = client.get("/jobs")
+        assert r.status_code == 401 and r.json()["code"] == "UNAUTHORIZED", forged
+        assert client.get("/ui/", follow_redirects=False).status_code == 303
     client.cookies.clear()
 
 
-def test_the_api_takes_the_session_cookie_for_reads_and_csrf_checked_writes(
+def test_the_api_takes_the_session_cookie_for_reads_and_exactly_the_csrf_checks_it_claims(
     auth_client: tuple[TestClient, dict[str, str]], cnn_onnx: Path
 ) -> None:
     client, tokens = auth_client
@@ -286,28 +315,108 @@ def test_the_api_takes_the_session_cookie_for_reads_and_csrf_checked_writes(
     job_id = _upload(client, cnn_onnx, {"targets": ["onnxruntime"], "name": "csrf"}, headers=bearer)
     client.cookies.clear()
     assert client.get(f"/jobs/{job_id}").status_code == 401
-    client.cookies.set(SESSION_COOKIE, tokens["write"])
+    csrf = _sign_in(client, tokens["write"])
     assert client.get(f"/jobs/{job_id}").status_code == 200
     assert client.get(f"/jobs/{job_id}/logs").status_code == 200
     # A change with only the cookie is what a cross-site form would send: refused.
     forged = client.post(f"/jobs/{job_id}/resubmit")
     assert forged.status_code == 403 and forged.json()["code"] == "FORBIDDEN"
     assert client.post(f"/jobs/{job_id}/resubmit", headers={CSRF_HEADER: "0" * 64}).status_code == 403
-    assert client.post(f"/ui/jobs/{job_id}/cancel", data={"csrf_token": "é" * 8}).status_code == 403
-    good = client.post(f"/jobs/{job_id}/resubmit", headers={CSRF_HEADER: csrf_token(tokens["write"])})
+    assert client.post(f"/jobs/{job_id}/resubmit", headers={CSRF_HEADER: "é".encode("latin-1") * 8}).status_code == 403
+    # The API's own routes take the header only: the form field is the dashboard forms' way.
+    as_field = client.post(f"/jobs/{job_id}/resubmit", data={CSRF_FIELD: csrf})
+    assert as_field.status_code == 403 and CSRF_HEADER in as_field.json()["hint"]
+    good = client.post(f"/jobs/{job_id}/resubmit", headers={CSRF_HEADER: csrf})
     assert good.status_code == 202, good.text
-    # The dashboard's own form posts carry the token as a field; without it, a 403 page.
+    # Another session's CSRF token is no good for this one.
+    other_csrf = client.app.state.session_keys.csrf_token("another-session")  # type: ignore[attr-defined]
+    assert client.post(f"/jobs/{job_id}/resubmit", headers={CSRF_HEADER: other_csrf}).status_code == 403
+    # The dashboard's own form posts carry the token as a field (or the header); without it, a 403 page.
     assert client.post(f"/ui/jobs/{job_id}/cancel", data={}).status_code == 403
-    done = client.post(
-        f"/ui/jobs/{job_id}/cancel", data={"csrf_token": csrf_token(tokens["write"])}, follow_redirects=False
-    )
+    assert client.post(f"/ui/jobs/{job_id}/cancel", data={CSRF_FIELD: "é" * 8}).status_code == 403
+    done = client.post(f"/ui/jobs/{job_id}/cancel", data={CSRF_FIELD: csrf}, follow_redirects=False)
     assert done.status_code == 303
     assert client.get(f"/jobs/{job_id}").json()["status"] == "cancelled"
+    second = client.post(f"/jobs/{job_id}/resubmit", headers={CSRF_HEADER: csrf}).json()["id"]
+    header = client.post(f"/ui/jobs/{second}/cancel", headers={CSRF_HEADER: csrf}, follow_redirects=False)
+    assert header.status_code == 303
     # A read session cannot cancel even with its CSRF token.
-    client.cookies.set(SESSION_COOKIE, tokens["read"])
-    r = client.post(f"/ui/jobs/{job_id}/cancel", data={"csrf_token": csrf_token(tokens["read"])})
+    read_csrf = _sign_in(client, tokens["read"])
+    r = client.post(f"/ui/jobs/{job_id}/cancel", data={CSRF_FIELD: read_csrf})
     assert r.status_code == 403 and "FORBIDDEN" in r.text
+    # Signing out ends the session at once: the same cookie reads nothing any more.
+    kept = client.cookies[SESSION_COOKIE]
+    out = client.post("/ui/logout", data={CSRF_FIELD: read_csrf}, follow_redirects=False)
+    assert out.status_code == 303
     client.cookies.clear()
+    client.cookies.set(SESSION_COOKIE, kept)
+    assert client.get(f"/jobs/{job_id}").status_code == 401
+    client.cookies.clear()
+
+
+def test_revoking_a_token_ends_its_dashboard_sessions(auth_client: tuple[TestClient, dict[str, str]]) -> None:
+    client, _ = auth_client
+    tokens: TokenStore = client.app.state.tokens  # type: ignore[attr-defined]
+    token = tokens.create_token("short-lived", ["read"])
+    _sign_in(client, token)
+    assert client.get("/jobs").status_code == 200
+    tokens.revoke_token("short-lived")
+    client.app.state.token_cache._items.clear()  # type: ignore[attr-defined]  # the few-second cache
+    assert client.get("/jobs").status_code == 401
+    client.cookies.clear()
+
+
+def test_a_session_sees_only_its_tenants_jobs(auth_client: tuple[TestClient, dict[str, str]], cnn_onnx: Path) -> None:
+    client, tokens = auth_client
+    bearer = {"Authorization": f"Bearer {tokens['write']}"}
+    mine = _upload(client, cnn_onnx, {"targets": ["onnxruntime"], "name": "default-team-model"}, headers=bearer)
+    _sign_in(client, tokens["other"])
+    assert client.get(f"/jobs/{mine}").status_code == 404
+    assert client.get(f"/ui/jobs/{mine}").status_code == 404
+    assert client.get(f"/ui/jobs/{mine}/log").status_code == 404
+    assert mine not in client.get("/ui/").text
+    page = client.get("/ui/")
+    assert "other-team" in page.text  # the header names the viewer's tenant
+    client.cookies.clear()
+
+
+def test_the_cookie_is_secure_when_a_trusted_proxy_says_the_browser_used_https(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, auth_enabled=True, trusted_proxies="10.0.0.0/8")
+    app = create_app(settings, create_celery_app(settings))
+    with TestClient(app, client=("10.1.2.3", 40000)) as proxied, TestClient(app, client=("192.0.2.7", 40000)) as direct:
+        token = app.state.tokens.create_token("proxied", ["read"])
+        form = {"token": token, "next": "/ui/"}
+        https = {"X-Forwarded-Proto": "https", "X-Forwarded-For": "198.51.100.4"}
+        via_proxy = proxied.post("/ui/login", data=form, headers=https, follow_redirects=False)
+        assert via_proxy.status_code == 303 and "Secure" in via_proxy.headers["set-cookie"]
+        plain = proxied.post("/ui/login", data=form, follow_redirects=False)  # the proxy says nothing: http
+        assert "Secure" not in plain.headers["set-cookie"]
+        # The same header from a client that is no trusted proxy is not believed.
+        spoofed = direct.post("/ui/login", data=form, headers=https, follow_redirects=False)
+        assert spoofed.status_code == 303 and "Secure" not in spoofed.headers["set-cookie"]
+        # Behind the proxy the browser's origin is https://<host>: its own, so not refused as foreign.
+        own = proxied.post(
+            "/ui/login", data=form, headers={**https, "Origin": "https://testserver"}, follow_redirects=False
+        )
+        assert own.status_code == 303
+        # An http page may not post to what the browser reached over https (a downgrade).
+        downgraded = proxied.post(
+            "/ui/login", data=form, headers={**https, "Origin": "http://testserver"}, follow_redirects=False
+        )
+        assert downgraded.status_code == 403 and downgraded.json()["code"] == "FORBIDDEN"
+        ok = direct.post("/ui/login", data=form, headers={"Origin": "http://testserver"}, follow_redirects=False)
+        assert ok.status_code == 303  # http page, http request: the same origin
+
+
+def test_dashboard_forms_are_bounded_in_fields_and_size(auth_client: tuple[TestClient, dict[str, str]]) -> None:
+    client, tokens = auth_client
+    many = {f"f{i}": "x" for i in range(50)}
+    r = client.post("/ui/login", data={**many, "token": tokens["read"]}, follow_redirects=False)
+    assert r.status_code == 400 and r.json()["code"] == "MALFORMED_REQUEST" and "fields" in r.json()["message"]
+    big = client.post("/ui/login", data={"token": "x" * (2 << 20)}, follow_redirects=False)
+    assert big.status_code == 400 and big.json()["code"] == "MALFORMED_REQUEST"
+    with_file = client.post("/ui/login", files={"token": ("t.txt", b"x")}, follow_redirects=False)
+    assert with_file.status_code == 400
 
 
 # --- bad links: 4xx pages, never a 5xx ------------------------------------------------------

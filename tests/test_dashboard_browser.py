@@ -384,6 +384,8 @@ def test_auth_login_session_cookie_and_read_scope(
 
         cookie = next(c for c in context.cookies() if c["name"] == "kiln_session")
         assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and not cookie["secure"]  # http here
+        assert tokens["reader"] not in cookie["value"]  # a signed session id, never the token
+        expect(page.get_by_test_id("tenant")).to_contain_text("default")  # whose jobs these are
         assert page.evaluate("document.cookie") == ""  # HttpOnly: scripts cannot read it
 
         # Read scope: no submit, no cancel, no resubmit.

@@ -124,8 +124,8 @@ def _missing_engines_hint(missing: set[str]) -> str:
 def test_compose_default_profile_is_the_cpu_stack(tmp_path: Path) -> None:
     services = set(_compose_config(tmp_path, "compose.yaml")["services"])
     workers = {f"worker-{e}" for e in _cpu_engines()}
-    assert services == {"redis", "postgres", "minio", "s3-init", "migrate", "api", *workers}, _missing_engines_hint(
-        {s.removeprefix("worker-") for s in workers - services}
+    assert services == {"secrets-init", "redis", "postgres", "minio", "s3-init", "migrate", "api", *workers}, (
+        _missing_engines_hint({s.removeprefix("worker-") for s in workers - services})
     )
     assert {"worker-onnxruntime", "worker-openvino", "worker-tensorflow"} <= services
 
@@ -179,11 +179,109 @@ def test_compose_start_order_and_health(compose_all: dict[str, Any]) -> None:
                 "s3-init": "service_completed_successfully",
             }, name
     assert services["migrate"]["command"] == ["kiln", "migrate"]
+    # The generated secrets exist before anything that reads them starts.
+    for name in ("postgres", "minio"):
+        assert services[name]["depends_on"]["secrets-init"]["condition"] == "service_completed_successfully", name
     assert services["s3-init"]["depends_on"]["minio"]["condition"] == "service_healthy"
     # compose.yaml names the real upstream images; only the smoke override builds local ones.
     assert services["redis"]["image"].startswith("redis:")
     assert services["postgres"]["image"].startswith("postgres:")
     assert services["minio"]["image"].startswith("quay.io/minio/minio:RELEASE.")
+
+
+def test_compose_comes_up_safe_without_settings(compose_all: dict[str, Any]) -> None:
+    """Auth on, production's checks, generated credentials, the API on loopback, the MinIO console unpublished."""
+    from services.settings import DEFAULT_PASSWORDS
+
+    services = compose_all["services"]
+    kiln = {
+        name: svc
+        for name, svc in services.items()
+        if name in ("api", "migrate", "s3-init") or name.startswith("worker-")
+    }
+    for name, svc in kiln.items():
+        env = svc["environment"]
+        assert env["KILN_AUTH_ENABLED"] == "true" and env["KILN_ENVIRONMENT"] == "production", name
+        assert env["KILN_SECRETS_DIR"] == "/run/kiln/secrets", name
+        # Secrets come only from secrets-init's files: none is set (so none defaults) in the environment.
+        for secret in ("KILN_DATABASE_URL", "KILN_S3_SECRET_ACCESS_KEY", "KILN_ADMIN_TOKEN", "KILN_SESSION_SECRET"):
+            assert secret not in env, (name, secret)
+        mounts = {(v["source"], v["target"], v.get("read_only", False)) for v in svc["volumes"]}
+        assert ("kiln-secrets", "/run/kiln/secrets", True) in mounts, name
+    assert "POSTGRES_PASSWORD" not in services["postgres"]["environment"]
+    assert services["postgres"]["environment"]["POSTGRES_PASSWORD_FILE"].startswith("/run/kiln/postgres-secrets/")
+    assert "MINIO_ROOT_PASSWORD" not in services["minio"]["environment"]
+    assert services["minio"]["environment"]["MINIO_ROOT_PASSWORD_FILE"].startswith("/run/kiln/s3-secrets/")
+    assert not services["minio"].get("ports")  # neither S3 nor the console leaves the stack's network
+    assert services["api"]["ports"] == [
+        {"mode": "ingress", "host_ip": "127.0.0.1", "target": 8000, "published": "8000", "protocol": "tcp"}
+    ]
+    published = {name for name, svc in services.items() if svc.get("ports")}
+    assert published == {"api"}, published
+    init = services["secrets-init"]
+    assert init["command"][:3] == ["kiln", "secrets", "init"]
+    assert {v["source"] for v in init["volumes"]} == {"kiln-secrets", "postgres-secrets", "s3-secrets"}
+    assert all(init["environment"][k] in ("",) for k in ("POSTGRES_PASSWORD", "MINIO_ROOT_PASSWORD"))
+    secret_values = [
+        v
+        for svc in services.values()
+        for k, v in (svc.get("environment") or {}).items()
+        if any(word in k for word in ("PASSWORD", "SECRET", "TOKEN"))
+    ]
+    assert not [v for v in secret_values if v in DEFAULT_PASSWORDS - {""}], secret_values
+
+
+def test_compose_binds_the_api_where_the_user_asks(tmp_path: Path) -> None:
+    services = _compose_config(tmp_path, "compose.yaml", KILN_API_BIND="0.0.0.0", KILN_API_PORT="18000")["services"]
+    assert services["api"]["ports"][0]["host_ip"] == "0.0.0.0" and services["api"]["ports"][0]["published"] == "18000"
+
+
+def test_kiln_secrets_init_generates_once_keeps_and_prints_the_admin_token_once(tmp_path: Path) -> None:
+    from jobs_support import KILN_CMD, service_env
+
+    dirs = {"kiln": tmp_path / "kiln", "postgres": tmp_path / "pg", "s3": tmp_path / "s3"}
+    cmd = [
+        *KILN_CMD,
+        "secrets",
+        "init",
+        f"--kiln-dir={dirs['kiln']}",
+        f"--postgres-dir={dirs['postgres']}",
+        f"--s3-dir={dirs['s3']}",
+    ]
+    env = service_env()
+    first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stdout + first.stderr
+    token = (dirs["kiln"] / "KILN_ADMIN_TOKEN").read_text()
+    assert first.stdout.count(token) == 1 and token.startswith("kiln_")
+    files = {p.name: p.read_text() for p in dirs["kiln"].iterdir()}
+    assert set(files) == {"KILN_ADMIN_TOKEN", "KILN_SESSION_SECRET", "KILN_S3_SECRET_ACCESS_KEY", "KILN_DATABASE_URL"}
+    assert all(oct(p.stat().st_mode & 0o777) == "0o600" for p in dirs["kiln"].iterdir())
+    assert oct(dirs["kiln"].stat().st_mode & 0o777) == "0o700"
+    pg = (dirs["postgres"] / "POSTGRES_PASSWORD").read_text()
+    assert files["KILN_DATABASE_URL"] == f"postgresql+psycopg://kiln:{pg}@postgres:5432/kiln"
+    assert (dirs["s3"] / "MINIO_ROOT_PASSWORD").read_text() == files["KILN_S3_SECRET_ACCESS_KEY"]
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and token not in again.stdout  # printed once
+    assert {p.name: p.read_text() for p in dirs["kiln"].iterdir()} == files  # nothing regenerated
+    # The settings production demands, read from those files, pass its checks.
+    from services.settings import Settings
+
+    s = Settings(
+        _secrets_dir=str(dirs["kiln"]),
+        environment="production",
+        auth_enabled=True,
+        broker_url="redis://r",
+        s3_access_key_id="kiln",
+    )  # type: ignore[call-arg]
+    assert s.admin_token.get_secret_value() == token and s.database_url == files["KILN_DATABASE_URL"]
+    # Passwords given in the environment are taken instead of generated ones.
+    given = subprocess.run(
+        cmd, env={**env, "POSTGRES_PASSWORD": "p@ss/word"}, capture_output=True, text=True, timeout=120
+    )
+    assert given.returncode == 0
+    assert (
+        dirs["kiln"] / "KILN_DATABASE_URL"
+    ).read_text() == "postgresql+psycopg://kiln:p%40ss%2Fword@postgres:5432/kiln"
 
 
 def test_compose_kiln_settings_are_documented(compose_all: dict[str, Any]) -> None:
@@ -216,7 +314,7 @@ def test_compose_smoke_override_builds_everything_locally(tmp_path: Path) -> Non
     ]
     # Everything else is compose.yaml's: settings, start order, one-shots.
     plain = _compose_config(tmp_path, "compose.yaml")["services"]
-    for name in ("api", "worker-onnxruntime", "s3-init", "migrate"):
+    for name in ("api", "worker-onnxruntime", "s3-init", "migrate", "secrets-init"):
         assert services[name]["environment"] == plain[name]["environment"], name
         assert services[name].get("depends_on") == plain[name].get("depends_on"), name
 
@@ -341,6 +439,45 @@ def test_default_secret_password_matches_database_url(rendered: dict[str, list[d
     assert secret["KILN_DATABASE_URL"] == f"postgresql+psycopg://kiln:{password}@kiln-postgres:5432/kiln"
     assert secret["KILN_BROKER_URL"] == "redis://kiln-redis:6379/0"
     assert secret["KILN_S3_SECRET_ACCESS_KEY"] == secret["MINIO_ROOT_PASSWORD"]
+
+
+@pytest.mark.parametrize("vid", VALUE_IDS)
+def test_every_render_has_auth_on_and_generated_secrets_kiln_accepts(
+    rendered: dict[str, list[dict[str, Any]]], vid: str
+) -> None:
+    """No anonymous access; the Secret holds an admin token and a session key; production's checks pass."""
+    from services.settings import Settings
+
+    docs = rendered[vid]
+    config = _by_kind(docs, "ConfigMap")["kiln"]["data"]
+    secret = _by_kind(docs, "Secret")["kiln"]["stringData"]
+    assert config["KILN_AUTH_ENABLED"] == "true" and config["KILN_ENVIRONMENT"] == "production"
+    assert secret["KILN_ADMIN_TOKEN"].startswith("kiln_") and len(secret["KILN_ADMIN_TOKEN"]) >= 32
+    assert len(secret["KILN_SESSION_SECRET"]) >= 32
+    # What a pod's environment would be (ConfigMap, then Secret): the settings class takes it in
+    # production, so the chart renders no default credential and no anonymous access.
+    env = {k[len("KILN_") :].lower(): v for k, v in {**config, **secret}.items() if k.startswith("KILN_")}
+    settings = Settings(**env)
+    assert settings.auth_enabled and settings.admin_token.get_secret_value() == secret["KILN_ADMIN_TOKEN"]
+    # Every API pod and worker reads both.
+    kiln_pods = {
+        n: d for n, d in _by_kind(docs, "Deployment").items() if n == "kiln-api" or n.startswith("kiln-worker")
+    }
+    assert "kiln-api" in kiln_pods and len(kiln_pods) > 1
+    for name, d in kiln_pods.items():
+        for c in d["spec"]["template"]["spec"]["containers"]:
+            refs = [e.get("secretRef", {}).get("name") for e in c.get("envFrom", [])]
+            assert "kiln" in refs, (name, c["name"])
+
+
+def test_the_chart_has_no_anonymous_switch_and_trusts_the_tls_ingress(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    error = helm_process.call("validate", {"config": {"authEnabled": False}})["values_error"]
+    assert error is not None and "authEnabled" in error
+    assert helm_process.call("validate", {"secrets": {"adminToken": "admin"}})["values_error"] is not None
+    assert _by_kind(rendered["defaults"], "ConfigMap")["kiln"]["data"]["KILN_TRUSTED_PROXIES"] == ""
+    assert _by_kind(rendered["full-values"], "ConfigMap")["kiln"]["data"]["KILN_TRUSTED_PROXIES"] == "*"
 
 
 def test_helm_kiln_settings_are_documented(rendered: dict[str, list[dict[str, Any]]]) -> None:

@@ -17,7 +17,11 @@ TESTS = Path(__file__).resolve().parent
 def test_the_environment_setting_is_one_of_its_values() -> None:
     assert (
         Settings(
-            environment="production", auth_enabled=True, database_url="postgresql://x/y", broker_url="redis://x"
+            environment="production",
+            auth_enabled=True,
+            database_url="postgresql://x/y",
+            broker_url="redis://x",
+            session_secret="s" * 32,
         ).environment
         is Environment.PRODUCTION
     )

@@ -1,21 +1,27 @@
-"""The job store on SQLite and on the real PostgreSQL: migrations, guarded transitions, recovery, tokens."""
+"""The job store on SQLite and on the real PostgreSQL: migrations, guarded transitions, recovery, tokens, tenants."""
 
 from __future__ import annotations
 
+import hashlib
 import threading
+import time
+import uuid
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from jobs_support import migrated_pg
-from sqlalchemy import update
+from jobs_support import create_pg_database, migrated_pg
+from sqlalchemy import select, text, update
 
-from services.errors import ServiceUnavailable
+from services.errors import Forbidden, InvalidSpec, NotFound, ServiceUnavailable
 from services.formats import Format
 from services.graph.planner import plan_routes
 from services.jobs.migrate import upgrade
-from services.jobs.models import Job, JobStep
-from services.jobs.store import JobStore, NewJob, hash_token
+from services.jobs.model_names import published_names
+from services.jobs.models import DashboardSession, Job, JobStep
+from services.jobs.store import JobFilter, JobStore, NewJob
+from services.jobs.stores import JobStores
+from services.jobs.tokens import TokenStore, hash_token
 from services.spec import load_spec
 
 
@@ -27,15 +33,15 @@ def sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-def jobs(request: pytest.FixtureRequest, sqlite_url: str) -> JobStore:
+def jobs(request: pytest.FixtureRequest, sqlite_url: str) -> JobStores:
     # One database per backend for the module; every test works on its own jobs.
-    return JobStore(sqlite_url if request.param == "sqlite" else migrated_pg())
+    return JobStores.open(sqlite_url if request.param == "sqlite" else migrated_pg())
 
 
-def _new_job(jobs: JobStore, targets: tuple[str, ...] = ("onnxruntime", "openvino")) -> str:
+def _new_job(jobs: JobStores, targets: tuple[str, ...] = ("onnxruntime", "openvino")) -> str:
     spec = load_spec({"targets": list(targets)})
     plan = plan_routes(Format.ONNX, spec, default_name="cnn")
-    return jobs.create_job(
+    return jobs.jobs.create_job(
         NewJob(
             name="cnn",
             spec=spec.model_dump(mode="json"),
@@ -48,10 +54,10 @@ def _new_job(jobs: JobStore, targets: tuple[str, ...] = ("onnxruntime", "openvin
     )
 
 
-def _run(jobs: JobStore, job_id: str, step_id: str, *, status: str = "succeeded", error: dict | None = None):
-    claim = jobs.claim_step(job_id, step_id, "w1", stale_after=60)
+def _run(jobs: JobStores, job_id: str, step_id: str, *, status: str = "succeeded", error: dict | None = None):
+    claim = jobs.steps.claim_step(job_id, step_id, "w1", stale_after=60)
     assert claim is not None, step_id
-    return jobs.finish_step(
+    return jobs.steps.finish_step(
         job_id,
         step_id,
         claim.attempt,
@@ -77,9 +83,9 @@ def test_migrations_create_exactly_the_models(tmp_path: Path) -> None:
             assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
 
 
-def test_steps_run_in_dependency_order_and_the_last_one_ends_the_job(jobs: JobStore) -> None:
+def test_steps_run_in_dependency_order_and_the_last_one_ends_the_job(jobs: JobStores) -> None:
     job_id = _new_job(jobs)
-    first = jobs.advance(job_id)
+    first = jobs.steps.advance(job_id)
     # Only the reference step reads the source first; everything else waits for it.
     assert first.queued == [("reference", "onnxruntime")]
     adv = _run(jobs, job_id, "reference")
@@ -91,41 +97,41 @@ def test_steps_run_in_dependency_order_and_the_last_one_ends_the_job(jobs: JobSt
         assert adv.final_status is None
     adv = _run(jobs, job_id, "publish:openvino")
     assert adv.final_status == "succeeded"
-    job = jobs.get_job(job_id)
+    job = jobs.jobs.get_job(job_id)
     assert job.status == "succeeded" and job.finished_at is not None and job.cached is False
     assert {t: r["status"] for t, r in job.result.items()} == {"onnxruntime": "succeeded", "openvino": "succeeded"}
     assert job.result["openvino"]["artifact"] == "steps/export:openvino"
-    assert [e.type for e in jobs.events(job_id)][-1] == "finished"
+    assert [e.type for e in jobs.jobs.events(job_id)][-1] == "finished"
 
 
-def test_a_failed_step_skips_its_dependents_and_the_other_target_goes_on(jobs: JobStore) -> None:
+def test_a_failed_step_skips_its_dependents_and_the_other_target_goes_on(jobs: JobStores) -> None:
     job_id = _new_job(jobs)
-    jobs.advance(job_id)
+    jobs.steps.advance(job_id)
     _run(jobs, job_id, "reference")
     _run(jobs, job_id, "optimize")
     err = {"code": "PARITY_FAILED", "message": "too far", "hint": "h", "details": {"parity": {"passed": False}}}
     adv = _run(jobs, job_id, "export:onnxruntime", status="failed", error=err)
     assert adv.queued == []
-    job = jobs.get_job(job_id)
+    job = jobs.jobs.get_job(job_id)
     publish = next(s for s in job.steps if s.step_id == "publish:onnxruntime")
     assert publish.status == "skipped" and publish.error["code"] == "PARITY_FAILED"
     for sid in ("optimize/onnx-to-openvino-ir", "export:openvino"):
         _run(jobs, job_id, sid)
     adv = _run(jobs, job_id, "publish:openvino")
     assert adv.final_status == "failed"
-    result = jobs.get_job(job_id).result
+    result = jobs.jobs.get_job(job_id).result
     assert result["openvino"]["status"] == "succeeded"
     assert result["onnxruntime"]["status"] == "failed"
     assert result["onnxruntime"]["error"]["code"] == "PARITY_FAILED"
     assert result["onnxruntime"]["parity"] == {"passed": False}
 
 
-def test_a_failed_conversion_hands_the_target_to_its_next_route(jobs: JobStore) -> None:
+def test_a_failed_conversion_hands_the_target_to_its_next_route(jobs: JobStores) -> None:
     job_id = _new_job(jobs, ("onnxruntime", "openvino"))
-    jobs.advance(job_id)
+    jobs.steps.advance(job_id)
     _run(jobs, job_id, "reference")
     _run(jobs, job_id, "optimize")
-    steps = {s.step_id: s for s in jobs.get_job(job_id).steps}
+    steps = {s.step_id: s for s in jobs.jobs.get_job(job_id).steps}
     # The fallback route's steps wait, pending, while the first route may still work.
     assert steps["optimize/onnx-to-savedmodel"].status == "pending"
     err = {
@@ -136,7 +142,7 @@ def test_a_failed_conversion_hands_the_target_to_its_next_route(jobs: JobStore) 
     }
     adv = _run(jobs, job_id, "optimize/onnx-to-openvino-ir", status="failed", error=err)
     assert adv.queued == [("optimize/onnx-to-savedmodel", "tensorflow")]
-    failed = [e for e in jobs.events(job_id) if e.type == "route_failed"]
+    failed = [e for e in jobs.jobs.events(job_id) if e.type == "route_failed"]
     assert len(failed) == 1 and failed[0].step == "optimize/onnx-to-openvino-ir"
     assert failed[0].data["target"] == "openvino" and failed[0].data["rank"] == 1
     assert failed[0].data["tool"] == "openvino.convert_model" and failed[0].data["code"] == "CONVERSION_FAILED"
@@ -145,15 +151,15 @@ def test_a_failed_conversion_hands_the_target_to_its_next_route(jobs: JobStore) 
         _run(jobs, job_id, sid)
     _run(jobs, job_id, "optimize/onnx-to-savedmodel/savedmodel-to-openvino-ir")
     _run(jobs, job_id, "export:openvino@2")
-    claim = jobs.claim_step(job_id, "publish:openvino@2", "w1", stale_after=60)
+    claim = jobs.steps.claim_step(job_id, "publish:openvino@2", "w1", stale_after=60)
     assert claim is not None and [(a["rank"], a["status"]) for a in claim.route_attempts] == [
         (1, "failed"),
         (2, "running"),
     ]
     assert claim.route_attempts[0]["message"] == err["message"]
-    adv = jobs.finish_step(job_id, "publish:openvino@2", claim.attempt, status="succeeded", seconds=0.1, meta={})
+    adv = jobs.steps.finish_step(job_id, "publish:openvino@2", claim.attempt, status="succeeded", seconds=0.1, meta={})
     assert adv.final_status == "succeeded"
-    job = jobs.get_job(job_id)
+    job = jobs.jobs.get_job(job_id)
     result = job.result["openvino"]
     assert result["status"] == "succeeded" and result["artifact"] == "steps/export:openvino@2"
     assert result["route"] == "onnx → optimize → savedmodel → openvino_ir ⇒ openvino"
@@ -163,14 +169,14 @@ def test_a_failed_conversion_hands_the_target_to_its_next_route(jobs: JobStore) 
     assert skipped == {"export:openvino": "CONVERSION_FAILED", "publish:openvino": "CONVERSION_FAILED"}
 
 
-def test_a_fallback_route_never_needed_is_skipped_as_such(jobs: JobStore) -> None:
+def test_a_fallback_route_never_needed_is_skipped_as_such(jobs: JobStores) -> None:
     job_id = _new_job(jobs, ("openvino",))
-    jobs.advance(job_id)
+    jobs.steps.advance(job_id)
     for sid in ("reference", "optimize", "optimize/onnx-to-openvino-ir", "export:openvino"):
         assert _run(jobs, job_id, sid).final_status is None
     adv = _run(jobs, job_id, "publish:openvino")
     assert adv.final_status == "succeeded"
-    job = jobs.get_job(job_id)
+    job = jobs.jobs.get_job(job_id)
     fallback = {s.step_id: (s.status, (s.meta or {}).get("not_needed"), s.error) for s in job.steps if s.attempt == 0}
     assert set(fallback) == {
         "optimize/onnx-to-savedmodel",
@@ -180,39 +186,39 @@ def test_a_fallback_route_never_needed_is_skipped_as_such(jobs: JobStore) -> Non
     }
     assert all(status == "skipped" and why and err is None for status, why, err in fallback.values())
     assert [a["status"] for a in job.result["openvino"]["attempts"]] == ["succeeded"]
-    assert not [e for e in jobs.events(job_id) if e.type in ("route_failed", "step_skipped")]
+    assert not [e for e in jobs.jobs.events(job_id) if e.type in ("route_failed", "step_skipped")]
 
 
-def test_a_source_error_does_not_fall_back(jobs: JobStore) -> None:
+def test_a_source_error_does_not_fall_back(jobs: JobStores) -> None:
     job_id = _new_job(jobs, ("openvino",))
-    jobs.advance(job_id)
+    jobs.steps.advance(job_id)
     err = {"code": "SOURCE_UNREADABLE", "message": "not an ONNX model", "hint": "h", "details": {"step": "reference"}}
     adv = _run(jobs, job_id, "reference", status="failed", error=err)
     assert adv.final_status == "failed" and adv.queued == []
-    job = jobs.get_job(job_id)
+    job = jobs.jobs.get_job(job_id)
     assert job.result["openvino"]["error"]["code"] == "SOURCE_UNREADABLE"
     assert [a["status"] for a in job.result["openvino"]["attempts"]] == ["failed"]
     assert not any(s.status == "running" or s.status == "queued" for s in job.steps)
 
 
-def test_a_redelivered_step_is_not_run_twice(jobs: JobStore) -> None:
+def test_a_redelivered_step_is_not_run_twice(jobs: JobStores) -> None:
     job_id = _new_job(jobs)
-    jobs.advance(job_id)
-    claim = jobs.claim_step(job_id, "reference", "w1", stale_after=60)
+    jobs.steps.advance(job_id)
+    claim = jobs.steps.claim_step(job_id, "reference", "w1", stale_after=60)
     assert claim is not None and claim.attempt == 1
-    assert jobs.claim_step(job_id, "reference", "w2", stale_after=60) is None  # still running, fresh heartbeat
-    assert jobs.finish_step(job_id, "reference", 1, status="succeeded", seconds=0.1, artifact_key="steps/r")
-    assert jobs.claim_step(job_id, "reference", "w2", stale_after=60) is None  # done
-    assert jobs.claim_step(job_id, "export:openvino", "w2", stale_after=60) is None  # not queued yet
+    assert jobs.steps.claim_step(job_id, "reference", "w2", stale_after=60) is None  # still running, fresh heartbeat
+    assert jobs.steps.finish_step(job_id, "reference", 1, status="succeeded", seconds=0.1, artifact_key="steps/r")
+    assert jobs.steps.claim_step(job_id, "reference", "w2", stale_after=60) is None  # done
+    assert jobs.steps.claim_step(job_id, "export:openvino", "w2", stale_after=60) is None  # not queued yet
 
 
-def test_concurrent_advances_enqueue_each_step_once(jobs: JobStore) -> None:
+def test_concurrent_advances_enqueue_each_step_once(jobs: JobStores) -> None:
     job_id = _new_job(jobs)
-    jobs.advance(job_id)
+    jobs.steps.advance(job_id)
     _run(jobs, job_id, "reference")
-    claim = jobs.claim_step(job_id, "optimize", "w1", stale_after=60)
+    claim = jobs.steps.claim_step(job_id, "optimize", "w1", stale_after=60)
     assert claim is not None
-    with jobs.write() as s:  # finish it without advancing, as if the worker died right after
+    with jobs.db.write() as s:  # finish it without advancing, as if the worker died right after
         s.execute(
             update(JobStep)
             .where(JobStep.job_id == job_id, JobStep.step_id == "optimize")
@@ -222,7 +228,7 @@ def test_concurrent_advances_enqueue_each_step_once(jobs: JobStore) -> None:
     lock = threading.Lock()
 
     def advance() -> None:
-        adv = jobs.advance(job_id)
+        adv = jobs.steps.advance(job_id)
         with lock:
             queued.extend(adv.queued)
 
@@ -234,119 +240,119 @@ def test_concurrent_advances_enqueue_each_step_once(jobs: JobStore) -> None:
     assert sorted(queued) == [("export:onnxruntime", "onnxruntime"), ("optimize/onnx-to-openvino-ir", "openvino")]
 
 
-def test_a_step_whose_worker_stopped_heartbeating_is_requeued_and_taken_over(jobs: JobStore) -> None:
+def test_a_step_whose_worker_stopped_heartbeating_is_requeued_and_taken_over(jobs: JobStores) -> None:
     job_id = _new_job(jobs)
-    jobs.advance(job_id)
-    claim = jobs.claim_step(job_id, "reference", "dead-worker", stale_after=60)
+    jobs.steps.advance(job_id)
+    claim = jobs.steps.claim_step(job_id, "reference", "dead-worker", stale_after=60)
     assert claim is not None
-    assert jobs.requeue_stale(stale_after=60, lost_after=600) == []
-    with jobs.write() as s:
+    assert jobs.steps.requeue_stale(stale_after=60, lost_after=600) == []
+    with jobs.db.write() as s:
         s.execute(
             update(JobStep)
             .where(JobStep.job_id == job_id, JobStep.step_id == "reference")
             .values(heartbeat_at=JobStore.now() - timedelta(seconds=120))
         )
-    assert jobs.requeue_stale(stale_after=60, lost_after=600) == [(job_id, "reference", "onnxruntime")]
-    taken = jobs.claim_step(job_id, "reference", "live-worker", stale_after=60)
+    assert jobs.steps.requeue_stale(stale_after=60, lost_after=600) == [(job_id, "reference", "onnxruntime")]
+    taken = jobs.steps.claim_step(job_id, "reference", "live-worker", stale_after=60)
     assert taken is not None and taken.attempt == 2
     # The dead worker's late result is refused; the live one's is recorded.
-    assert jobs.finish_step(job_id, "reference", 1, status="succeeded", seconds=1, artifact_key="steps/x") is None
-    assert jobs.heartbeat(job_id, "reference", 1) == (False, False)
-    assert jobs.finish_step(job_id, "reference", 2, status="succeeded", seconds=1, artifact_key="steps/y")
-    assert "step_requeued" in [e.type for e in jobs.events(job_id)]
+    assert jobs.steps.finish_step(job_id, "reference", 1, status="succeeded", seconds=1, artifact_key="steps/x") is None
+    assert jobs.steps.heartbeat(job_id, "reference", 1) == (False, False)
+    assert jobs.steps.finish_step(job_id, "reference", 2, status="succeeded", seconds=1, artifact_key="steps/y")
+    assert "step_requeued" in [e.type for e in jobs.jobs.events(job_id)]
 
 
-def test_a_queued_step_whose_message_was_lost_is_announced_again(jobs: JobStore) -> None:
+def test_a_queued_step_whose_message_was_lost_is_announced_again(jobs: JobStores) -> None:
     job_id = _new_job(jobs)
-    jobs.advance(job_id)
-    with jobs.write() as s:
+    jobs.steps.advance(job_id)
+    with jobs.db.write() as s:
         s.execute(
             update(JobStep)
             .where(JobStep.job_id == job_id, JobStep.step_id == "reference")
             .values(queued_at=JobStore.now() - timedelta(seconds=1000))
         )
-    found = jobs.requeue_stale(stale_after=60, lost_after=600)
+    found = jobs.steps.requeue_stale(stale_after=60, lost_after=600)
     assert (job_id, "reference", "onnxruntime") in found
-    assert jobs.requeue_stale(stale_after=60, lost_after=600) == []  # re-announced once per period
+    assert jobs.steps.requeue_stale(stale_after=60, lost_after=600) == []  # re-announced once per period
 
 
-def test_cancel_stops_queued_steps_and_tells_running_ones(jobs: JobStore) -> None:
+def test_cancel_stops_queued_steps_and_tells_running_ones(jobs: JobStores) -> None:
     job_id = _new_job(jobs)
-    jobs.advance(job_id)
-    claim = jobs.claim_step(job_id, "reference", "w1", stale_after=60)
+    jobs.steps.advance(job_id)
+    claim = jobs.steps.claim_step(job_id, "reference", "w1", stale_after=60)
     assert claim is not None
-    assert jobs.cancel_job(job_id) is True
-    assert jobs.cancel_job(job_id) is False  # already final
-    assert jobs.heartbeat(job_id, "reference", 1) == (True, True)  # the worker learns to stop
-    job = jobs.get_job(job_id)
+    assert jobs.jobs.cancel_job(job_id) is True
+    assert jobs.jobs.cancel_job(job_id) is False  # already final
+    assert jobs.steps.heartbeat(job_id, "reference", 1) == (True, True)  # the worker learns to stop
+    job = jobs.jobs.get_job(job_id)
     assert job.status == "cancelled"
     assert {s.status for s in job.steps if s.step_id != "reference"} == {"cancelled"}
-    adv = jobs.finish_step(job_id, "reference", 1, status="cancelled", seconds=0.1, error={"code": "CANCELLED"})
+    adv = jobs.steps.finish_step(job_id, "reference", 1, status="cancelled", seconds=0.1, error={"code": "CANCELLED"})
     assert adv is not None and adv.queued == []  # nothing runs after a cancel
-    assert jobs.get_job(job_id).status == "cancelled"
+    assert jobs.jobs.get_job(job_id).status == "cancelled"
 
 
-def test_a_queued_job_cancelled_never_runs(jobs: JobStore) -> None:
+def test_a_queued_job_cancelled_never_runs(jobs: JobStores) -> None:
     job_id = _new_job(jobs)
-    jobs.advance(job_id)
-    jobs.cancel_job(job_id)
-    assert jobs.claim_step(job_id, "reference", "w1", stale_after=60) is None
-    assert next(s for s in jobs.get_job(job_id).steps if s.step_id == "reference").status == "cancelled"
+    jobs.steps.advance(job_id)
+    jobs.jobs.cancel_job(job_id)
+    assert jobs.steps.claim_step(job_id, "reference", "w1", stale_after=60) is None
+    assert next(s for s in jobs.jobs.get_job(job_id).steps if s.step_id == "reference").status == "cancelled"
 
 
-def test_fail_job_records_why(jobs: JobStore) -> None:
+def test_fail_job_records_why(jobs: JobStores) -> None:
     job_id = _new_job(jobs)
-    jobs.fail_job(job_id, ServiceUnavailable("broker down"))
-    job = jobs.get_job(job_id)
+    jobs.jobs.fail_job(job_id, ServiceUnavailable("broker down"))
+    job = jobs.jobs.get_job(job_id)
     assert job.status == "failed" and job.error["code"] == "SERVICE_UNAVAILABLE"
-    assert [e.type for e in jobs.events(job_id)][-2:] == ["failed", "finished"]
+    assert [e.type for e in jobs.jobs.events(job_id)][-2:] == ["failed", "finished"]
 
 
-def test_list_jobs_filters_and_pages(jobs: JobStore) -> None:
+def test_list_jobs_filters_and_pages(jobs: JobStores) -> None:
     ids = [_new_job(jobs, ("onnxruntime",)) for _ in range(3)]
-    jobs.cancel_job(ids[0])
-    page, count = jobs.list_jobs(status="cancelled", limit=10)
+    jobs.jobs.cancel_job(ids[0])
+    page, count = jobs.jobs.list_jobs(status="cancelled", limit=10)
     assert ids[0] in [j.id for j in page] and all(j.status == "cancelled" for j in page)
-    page, count = jobs.list_jobs(name="cnn", limit=2, offset=0)
+    page, count = jobs.jobs.list_jobs(name="cnn", limit=2, offset=0)
     assert len(page) == 2 and count >= 3
     assert page[0].created_at >= page[1].created_at
 
 
-def test_tokens_are_stored_hashed_and_can_be_revoked(jobs: JobStore) -> None:
+def test_tokens_are_stored_hashed_and_can_be_revoked(jobs: JobStores) -> None:
     name = f"ci-{id(jobs)}-{threading.get_ident()}"
-    token = jobs.create_token(name, ["read"])
-    rec = jobs.verify_token(token)
+    token = jobs.tokens.create_token(name, ["read"])
+    rec = jobs.tokens.verify_token(token)
     assert rec is not None and rec.scopes == "read"
     assert rec.token_sha256 == hash_token(token) and token not in rec.token_sha256
-    assert jobs.verify_token(token + "x") is None
-    assert jobs.revoke_token(name)
-    assert jobs.verify_token(token) is None
+    assert jobs.tokens.verify_token(token + "x") is None
+    assert jobs.tokens.revoke_token(name)
+    assert jobs.tokens.verify_token(token) is None
 
 
-def test_workers_are_live_while_they_heartbeat(jobs: JobStore) -> None:
+def test_workers_are_live_while_they_heartbeat(jobs: JobStores) -> None:
     host = f"w-{id(jobs)}"
-    jobs.worker_heartbeat(
+    jobs.workers.worker_heartbeat(
         host, engines=["onnxruntime"], versions={"onnxruntime": {"onnxruntime": "1"}}, pid=1, concurrency=2
     )
-    assert host in [w.hostname for w in jobs.live_workers(30)]
-    jobs.worker_stopped(host)
-    assert host not in [w.hostname for w in jobs.live_workers(30)]
+    assert host in [w.hostname for w in jobs.workers.live_workers(30)]
+    jobs.workers.worker_stopped(host)
+    assert host not in [w.hostname for w in jobs.workers.live_workers(30)]
 
 
-def test_job_rows_round_trip_timezones(jobs: JobStore) -> None:
+def test_job_rows_round_trip_timezones(jobs: JobStores) -> None:
     job_id = _new_job(jobs)
-    job = jobs.get_job(job_id)
+    job = jobs.jobs.get_job(job_id)
     assert job.created_at.tzinfo is not None
-    with jobs.read() as s:
+    with jobs.db.read() as s:
         assert s.get(Job, job_id).created_at == job.created_at
 
 
-def test_a_worker_continues_with_a_ready_step_of_its_own_engines(jobs: JobStore) -> None:
+def test_a_worker_continues_with_a_ready_step_of_its_own_engines(jobs: JobStores) -> None:
     job_id = _new_job(jobs)
-    jobs.advance(job_id)
-    claim = jobs.claim_step(job_id, "reference", "w1", stale_after=60)
+    jobs.steps.advance(job_id)
+    claim = jobs.steps.claim_step(job_id, "reference", "w1", stale_after=60)
     assert claim is not None
-    adv = jobs.finish_step(
+    adv = jobs.steps.finish_step(
         job_id,
         "reference",
         1,
@@ -358,7 +364,7 @@ def test_a_worker_continues_with_a_ready_step_of_its_own_engines(jobs: JobStore)
     )
     # optimize (onnxruntime) is taken at once by w1, not queued: no broker round trip.
     assert adv.queued == [] and adv.claimed is not None and adv.claimed.step_id == "optimize"
-    adv = jobs.finish_step(
+    adv = jobs.steps.finish_step(
         job_id,
         "optimize",
         1,
@@ -374,9 +380,9 @@ def test_a_worker_continues_with_a_ready_step_of_its_own_engines(jobs: JobStore)
         "reference": "steps/ref",
     }
     assert adv.queued == [("optimize/onnx-to-openvino-ir", "openvino")]
-    steps = {s.step_id: s for s in jobs.get_job(job_id).steps}
+    steps = {s.step_id: s for s in jobs.jobs.get_job(job_id).steps}
     assert steps["export:onnxruntime"].status == "running" and steps["export:onnxruntime"].worker == "w1"
-    assert jobs.claim_step(job_id, "export:onnxruntime", "w2", stale_after=60) is None  # it is w1's
+    assert jobs.steps.claim_step(job_id, "export:onnxruntime", "w2", stale_after=60) is None  # it is w1's
 
 
 def test_kiln_migrate_and_token_commands_work_from_any_directory(tmp_path: Path) -> None:
@@ -399,11 +405,11 @@ def test_kiln_migrate_and_token_commands_work_from_any_directory(tmp_path: Path)
     )
     assert made.returncode == 0, made.stderr
     token = made.stdout.strip()
-    rec = JobStore(url).verify_token(token)
+    rec = TokenStore(url).verify_token(token)
     assert rec is not None and rec.name == "ci" and rec.scopes == "read"
 
 
-def test_a_submitted_job_is_recorded_with_its_first_steps_queued_in_one_go(jobs: JobStore) -> None:
+def test_a_submitted_job_is_recorded_with_its_first_steps_queued_in_one_go(jobs: JobStores) -> None:
     spec = load_spec({"targets": ["onnxruntime"]})
     new = NewJob(
         name="cnn",
@@ -414,48 +420,197 @@ def test_a_submitted_job_is_recorded_with_its_first_steps_queued_in_one_go(jobs:
         source_filename="cnn.onnx",
         source_format="onnx",
     )
-    adv = jobs.submit_job(new)
+    adv = jobs.jobs.submit_job(new)
     assert adv.queued == [("reference", "onnxruntime")]
-    steps = {s.step_id: s.status for s in jobs.get_job(new.id).steps}
+    steps = {s.step_id: s.status for s in jobs.jobs.get_job(new.id).steps}
     assert steps["reference"] == "queued" and {v for k, v in steps.items() if k != "reference"} == {"pending"}
-    assert [e.type for e in jobs.events(new.id)] == ["submitted", "planned", "step_queued"]
-    assert jobs.advance(new.id).queued == []  # nothing is queued twice
+    assert [e.type for e in jobs.jobs.events(new.id)] == ["submitted", "planned", "step_queued"]
+    assert jobs.steps.advance(new.id).queued == []  # nothing is queued twice
 
 
-def test_job_versions_move_with_every_change_and_leave_out_unknown_jobs(jobs: JobStore) -> None:
+def test_job_versions_move_with_every_change_and_leave_out_unknown_jobs(jobs: JobStores) -> None:
     a, b = _new_job(jobs), _new_job(jobs)
-    before = jobs.job_versions([a, b, "nope"])
+    before = jobs.jobs.job_versions([a, b, "nope"])
     assert set(before) == {a, b} and before[a].status == "queued"
-    assert before[a].version == jobs.job_version(a)
-    jobs.advance(a)
-    jobs.claim_step(a, "reference", "w1", stale_after=60)
-    after = jobs.job_versions([a, b])
+    assert before[a].version == jobs.jobs.job_version(a)
+    jobs.steps.advance(a)
+    jobs.steps.claim_step(a, "reference", "w1", stale_after=60)
+    after = jobs.jobs.job_versions([a, b])
     assert after[a].version > before[a].version and after[a].status == "running"
     assert after[b] == before[b]
-    assert jobs.job_versions([]) == {}
+    assert jobs.jobs.job_versions([]) == {}
 
 
-def test_a_step_recording_events_waits_for_the_jobs_lock(jobs: JobStore) -> None:
+def test_a_step_recording_events_waits_for_the_jobs_lock(jobs: JobStores) -> None:
     # Events of one job are committed in id order only if every writer of them holds the
     # job's row lock: a writer that did not could commit an older id after a newer one, and
     # a reader keyed on the newest id would miss the change.
     job_id = _new_job(jobs)
-    jobs.advance(job_id)
-    claim = jobs.claim_step(job_id, "reference", "w1", stale_after=60)
+    jobs.steps.advance(job_id)
+    claim = jobs.steps.claim_step(job_id, "reference", "w1", stale_after=60)
     assert claim is not None
     writers = {
-        "progress": lambda: jobs.progress(job_id, "reference", ["halfway"]),
-        "heartbeat with progress": lambda: jobs.heartbeat(job_id, "reference", claim.attempt, ["more"]),
-        "release": lambda: jobs.release_step(job_id, "reference", claim.attempt, "test"),
+        "progress": lambda: jobs.steps.progress(job_id, "reference", ["halfway"]),
+        "heartbeat with progress": lambda: jobs.steps.heartbeat(job_id, "reference", claim.attempt, ["more"]),
+        "release": lambda: jobs.steps.release_step(job_id, "reference", claim.attempt, "test"),
     }
     for name, write in writers.items():
-        with jobs.write() as s:
-            jobs._lock_job(s, job_id)  # another transaction holds the job
+        with jobs.db.write() as s:
+            jobs.db.lock_job(s, job_id)  # another transaction holds the job
             t = threading.Thread(target=write)
             t.start()
             t.join(0.3)
             assert t.is_alive(), f"{name} did not wait for the job's lock"
         t.join(10)
         assert not t.is_alive()
-    types = [e.type for e in jobs.events(job_id)]
+    types = [e.type for e in jobs.jobs.events(job_id)]
     assert types[-3:] == ["progress", "progress", "step_requeued"]
+
+
+# --- tenants, model names, sessions ---------------------------------------------------------
+
+
+def _tenant_job(jobs: JobStores, tenant: str, name: str, *, any_names: bool = False) -> str:
+    spec = load_spec({"targets": ["onnxruntime"], "name": name})
+    new = NewJob(
+        name=name,
+        spec=spec.model_dump(mode="json"),
+        plan=plan_routes(Format.ONNX, spec, default_name=name),
+        source_key="sources/abc",
+        source_sha256="ab" * 32,
+        source_filename="cnn.onnx",
+        source_format="onnx",
+        tenant=tenant,
+    )
+    jobs.jobs.submit_job(new, any_names=any_names)
+    return new.id
+
+
+def test_a_tenant_finds_only_its_own_jobs(jobs: JobStores) -> None:
+    a = _tenant_job(jobs, "team-a", f"a-{uuid.uuid4().hex[:8]}")
+    b = _tenant_job(jobs, "team-b", f"b-{uuid.uuid4().hex[:8]}")
+    assert jobs.jobs.get_job(a, "team-a").tenant == "team-a"
+    assert jobs.jobs.get_job(b).tenant == "team-b"  # no tenant: the service's (and admins') view
+    for call in (
+        lambda: jobs.jobs.get_job(b, "team-a"),
+        lambda: jobs.jobs.job_status(b, "team-a"),
+        lambda: jobs.jobs.cancel_job(b, "team-a"),
+    ):
+        with pytest.raises(NotFound, match=f"no job {b}"):
+            call()
+    assert jobs.jobs.get_job(b).status == "queued"  # the refused cancel changed nothing
+    page, count = jobs.jobs.list_jobs(filters=JobFilter(tenant="team-a"), limit=500)
+    assert a in {j.id for j in page} and b not in {j.id for j in page}
+    assert {j.tenant for j in page} == {"team-a"} and count == len(page)
+    assert jobs.jobs.job_versions([a, b])[b].tenant == "team-b"
+    assert jobs.jobs.cancel_job(b, "team-b") is True
+
+
+def test_a_model_name_belongs_to_the_first_tenant_publishing_under_it(jobs: JobStores) -> None:
+    name = f"shared-{uuid.uuid4().hex[:8]}"
+    _tenant_job(jobs, "team-a", name)
+    _tenant_job(jobs, "team-a", name)  # its own name, again
+    with pytest.raises(Forbidden) as refused:
+        _tenant_job(jobs, "team-b", name)
+    assert refused.value.details["names"] == [name] and "another tenant" in refused.value.message
+    assert jobs.jobs.list_jobs(filters=JobFilter(tenant="team-b", name=name))[1] == 0  # nothing recorded
+    # Several targets publish under <name>-<target>: each is claimed, and a taken one refuses the job.
+    spec = load_spec({"targets": ["onnxruntime", "openvino"], "name": name[:-1]})
+    plan = plan_routes(Format.ONNX, spec, default_name=name)
+    assert published_names(plan) == sorted({f"{name[:-1]}-onnxruntime", f"{name[:-1]}-openvino"})
+    # An admin may publish under any name; the name stays its owner's.
+    _tenant_job(jobs, "default", name, any_names=True)
+    assert jobs.model_names.owner(name) == "team-a"
+    assert name in jobs.model_names.owned_by("team-a") and name not in jobs.model_names.owned_by("default")
+
+
+def test_two_tenants_racing_for_a_new_name_cannot_both_get_it(jobs: JobStores) -> None:
+    name = f"race-{uuid.uuid4().hex[:8]}"
+    outcomes: dict[str, str] = {}
+
+    def claim(tenant: str) -> None:
+        try:
+            _tenant_job(jobs, tenant, name)
+            outcomes[tenant] = "ok"
+        except Forbidden:
+            outcomes[tenant] = "forbidden"
+
+    threads = [threading.Thread(target=claim, args=(f"racer-{i}",)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(outcomes.values()) == ["forbidden"] * 5 + ["ok"], outcomes
+    winner = next(t for t, o in outcomes.items() if o == "ok")
+    assert jobs.model_names.owner(name) == winner
+
+
+def test_tokens_carry_their_tenant_and_the_admin_token_is_kept_in_step_with_its_secret(jobs: JobStores) -> None:
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    token = jobs.tokens.create_token(name, ["write"], "team-a")
+    assert jobs.tokens.verify_token(token).tenant == "team-a"
+    with pytest.raises(InvalidSpec, match="not a tenant name"):
+        jobs.tokens.create_token(f"{name}-bad", ["read"], "Team A")
+    admin_name = f"admin-{uuid.uuid4().hex[:8]}"
+    first = f"kiln_{uuid.uuid4().hex[:8]}_{uuid.uuid4().hex}"
+    assert jobs.tokens.ensure_token(admin_name, first, ["admin"]) is True
+    assert jobs.tokens.ensure_token(admin_name, first, ["admin"]) is False  # every start: unchanged
+    rotated = f"kiln_{uuid.uuid4().hex[:8]}_{uuid.uuid4().hex}"
+    assert jobs.tokens.ensure_token(admin_name, rotated, ["admin"]) is True
+    assert jobs.tokens.verify_token(first) is None  # the old secret stops working
+    rec = jobs.tokens.verify_token(rotated)
+    assert rec is not None and rec.name == admin_name and rec.scopes == "admin" and rec.tenant == "default"
+
+
+def test_a_dashboard_session_ends_on_sign_out_on_expiry_and_with_its_token(jobs: JobStores) -> None:
+    name = f"s-{uuid.uuid4().hex[:8]}"
+    token = jobs.tokens.create_token(name, ["read"], "team-s")
+    rec = jobs.tokens.verify_token(token)
+    session = jobs.sessions.open_session(rec.id, lifetime=3600)
+    assert token not in session and jobs.sessions.session_token(session).name == name
+    assert jobs.sessions.session_token(session + "x") is None
+    with jobs.db.read() as s:  # only the session id's hash is stored
+        assert s.scalar(select(DashboardSession.id_sha256).where(DashboardSession.token_id == rec.id)) == (
+            hashlib.sha256(session.encode()).hexdigest()
+        )
+    jobs.sessions.close_session(session)
+    assert jobs.sessions.session_token(session) is None
+    expired = jobs.sessions.open_session(rec.id, lifetime=0.001)
+    time.sleep(0.05)
+    assert jobs.sessions.session_token(expired) is None
+    live = jobs.sessions.open_session(rec.id, lifetime=3600)
+    jobs.tokens.revoke_token(name)
+    assert jobs.sessions.session_token(live) is None
+
+
+def test_migration_0004_gives_existing_jobs_and_names_to_the_default_tenant(tmp_path: Path) -> None:
+    import json
+
+    from services.jobs.db import get_engine
+
+    spec = load_spec({"targets": ["onnxruntime", "openvino"], "name": "legacy"})
+    plan = plan_routes(Format.ONNX, spec, default_name="legacy").to_dict()
+    for url in (f"sqlite:///{tmp_path / 'old.db'}", create_pg_database("kiln_m0004")):
+        upgrade(url, "0003")
+        with get_engine(url).begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO jobs (id, status, name, spec, plan, source_key, source_sha256, source_filename, "
+                    "source_format, source_seen, source_size, use_cache, cancel_requested, created_at) VALUES "
+                    "('j1', 'succeeded', 'legacy', :spec, :plan, 'sources/x', :sha, 'm.onnx', 'onnx', '', 0, "
+                    "true, false, CURRENT_TIMESTAMP)"
+                ),
+                {"spec": json.dumps(spec.model_dump(mode="json")), "plan": json.dumps(plan), "sha": "ab" * 32},
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO api_tokens (id, name, token_sha256, scopes, created_at) "
+                    "VALUES ('t1', 'old', :h, 'read write', CURRENT_TIMESTAMP)"
+                ),
+                {"h": "cd" * 32},
+            )
+        upgrade(url)
+        stores = JobStores.open(url)
+        assert stores.jobs.get_job("j1", "default").tenant == "default"
+        assert [t.tenant for t in stores.tokens.list_tokens()] == ["default"]
+        assert stores.model_names.owned_by("default") == {"legacy-onnxruntime", "legacy-openvino"}

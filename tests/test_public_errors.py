@@ -79,11 +79,11 @@ def _fail_first_step(client: TestClient, cnn_onnx: Path, error: dict[str, Any], 
     r = client.post("/compile", files=files, params={"cache": "false"})
     assert r.status_code == 202, r.text
     job_id = r.json()["id"]
-    jobs = client.app.state.jobs  # type: ignore[attr-defined]
+    steps = client.app.state.steps  # type: ignore[attr-defined]
     first = client.get(f"/jobs/{job_id}").json()["steps"][0]["id"]
-    claimed = jobs.claim_step(job_id, first, "test-worker", 60.0)
+    claimed = steps.claim_step(job_id, first, "test-worker", 60.0)
     assert claimed is not None
-    jobs.finish_step(job_id, first, claimed.attempt, status="failed", seconds=0.1, error=error, log=log)
+    steps.finish_step(job_id, first, claimed.attempt, status="failed", seconds=0.1, error=error, log=log)
     return str(job_id)
 
 

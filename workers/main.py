@@ -11,7 +11,7 @@ from typing import Any
 from services.graph.engines import queue_name
 from services.jobs.db import database_url
 from services.jobs.migrate import upgrade
-from services.jobs.store import JobStore
+from services.jobs.stores import JobStores
 from services.settings import Settings
 from workers import child
 from workers.app import create_celery_app
@@ -66,8 +66,10 @@ def run_worker(
     # One line on what protects the host from the models this worker runs (docs/security.md).
     print(child.protection(settings).summary(), file=sys.stderr, flush=True)
     hostname = f"kiln-{'+'.join(served)}-{os.getpid()}@{socket.gethostname()}"
+    stores = JobStores.open(url)
     maintenance = Maintenance(
-        JobStore(url),
+        stores.steps,
+        stores.workers,
         app,
         settings,
         hostname=hostname,

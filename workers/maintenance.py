@@ -12,7 +12,8 @@ import os
 import threading
 from typing import Any
 
-from services.jobs.store import JobStore
+from services.jobs.scheduling import StepScheduler
+from services.jobs.worker_registry import WorkerRegistry
 from services.settings import Settings
 from workers.queues import enqueue_steps
 
@@ -29,19 +30,19 @@ def worker_max_age(settings: Settings) -> float:
     return max(3 * settings.step_heartbeat_interval, 15.0)
 
 
-def sweep_once(jobs: JobStore, celery_app: Any, settings: Settings) -> int:
+def sweep_once(steps: StepScheduler, workers: WorkerRegistry, celery_app: Any, settings: Settings) -> int:
     """Requeue stale running steps, re-announce long-queued ones, fail unserved ones; return how many."""
-    found = jobs.requeue_stale(settings.step_stale_after, settings.step_stale_after * LOST_FACTOR)
+    found = steps.requeue_stale(settings.step_stale_after, settings.step_stale_after * LOST_FACTOR)
     for job_id, step_id, engine in found:
         log.warning("requeueing step %s of job %s", step_id, job_id)
         enqueue_steps(celery_app, job_id, [(step_id, engine)])
-    return len(found) + fail_unserved_once(jobs, celery_app, settings)
+    return len(found) + fail_unserved_once(steps, workers, celery_app, settings)
 
 
-def fail_unserved_once(jobs: JobStore, celery_app: Any, settings: Settings) -> int:
+def fail_unserved_once(steps: StepScheduler, workers: WorkerRegistry, celery_app: Any, settings: Settings) -> int:
     """Fail steps that waited KILN_WORKER_WAIT_SECONDS for an engine with no live worker; return how many moved on."""
-    live = {e for w in jobs.live_workers(worker_max_age(settings)) for e in w.engines}
-    ready = jobs.fail_unserved(live, settings.worker_wait_seconds)
+    live = {e for w in workers.live_workers(worker_max_age(settings)) for e in w.engines}
+    ready = steps.fail_unserved(live, settings.worker_wait_seconds)
     for job_id, step_id, engine in ready:
         enqueue_steps(celery_app, job_id, [(step_id, engine)])
     return len(ready)
@@ -52,7 +53,8 @@ class Maintenance(threading.Thread):
 
     def __init__(
         self,
-        jobs: JobStore,
+        steps: StepScheduler,
+        workers: WorkerRegistry,
         celery_app: Any,
         settings: Settings,
         *,
@@ -62,12 +64,12 @@ class Maintenance(threading.Thread):
         concurrency: int,
     ) -> None:
         super().__init__(name="kiln-maintenance", daemon=True)
-        self.jobs, self.app, self.settings = jobs, celery_app, settings
+        self.steps, self.workers, self.app, self.settings = steps, workers, celery_app, settings
         self.hostname, self.engines, self.versions, self.concurrency = hostname, engines, versions, concurrency
         self._stop_event = threading.Event()
 
     def beat(self) -> None:
-        self.jobs.worker_heartbeat(
+        self.workers.worker_heartbeat(
             self.hostname, engines=self.engines, versions=self.versions, pid=os.getpid(), concurrency=self.concurrency
         )
 
@@ -76,7 +78,7 @@ class Maintenance(threading.Thread):
         while not self._stop_event.is_set():
             try:
                 self.beat()
-                sweep_once(self.jobs, self.app, self.settings)
+                sweep_once(self.steps, self.workers, self.app, self.settings)
             except Exception:  # a database or broker blip must not kill the thread
                 log.warning("maintenance pass failed", exc_info=True)
             self._stop_event.wait(interval)
@@ -84,6 +86,6 @@ class Maintenance(threading.Thread):
     def stop(self) -> None:
         self._stop_event.set()
         try:
-            self.jobs.worker_stopped(self.hostname)
+            self.workers.worker_stopped(self.hostname)
         except Exception:
             log.warning("could not mark worker %s stopped", self.hostname, exc_info=True)

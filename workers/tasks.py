@@ -26,7 +26,7 @@ from services.errors import KilnError
 from services.graph.planner import PlanStep
 from services.jobs.backends import open_repository, open_store
 from services.jobs.db import database_url
-from services.jobs.store import ClaimedStep, JobStore
+from services.jobs.scheduling import ClaimedStep, StepScheduler
 from services.pipeline.executor import step_cache_key
 from services.settings import Settings
 from services.spec import CompileSpec
@@ -73,7 +73,9 @@ def _cached_artifact(claim: ClaimedStep, step: PlanStep, spec: CompileSpec, stor
     return key, {k: v for k, v in meta.items() if k not in ("lineage", "signature")}
 
 
-def _cached_publish(claim: ClaimedStep, step: PlanStep, spec: CompileSpec, jobs: JobStore, settings: Settings) -> Any:
+def _cached_publish(
+    claim: ClaimedStep, step: PlanStep, spec: CompileSpec, jobs: StepScheduler, settings: Settings
+) -> Any:
     """Return the meta of an earlier publish of this very export under this name, when it still stands."""
     if not claim.use_cache or step.kind != "publish":
         return None
@@ -105,7 +107,7 @@ class _StepKeeper(threading.Thread):
     result: a step costs no commit of its own for its progress lines.
     """
 
-    def __init__(self, jobs: JobStore, claim: ClaimedStep, interval: float) -> None:
+    def __init__(self, jobs: StepScheduler, claim: ClaimedStep, interval: float) -> None:
         super().__init__(name=f"kiln-keeper-{claim.step_id}", daemon=True)
         self.jobs, self.claim, self.interval = jobs, claim, interval
         self.verdict: str | None = None  # "cancel" | "lost"
@@ -155,7 +157,7 @@ class _Ran:
     progress: list[str]
 
 
-def _run_claimed(claim: ClaimedStep, jobs: JobStore, settings: Settings) -> _Ran:
+def _run_claimed(claim: ClaimedStep, jobs: StepScheduler, settings: Settings) -> _Ran:
     step = PlanStep.from_dict(claim.step)
     spec = CompileSpec.model_validate(claim.spec)
     started = time.monotonic()
@@ -228,7 +230,7 @@ def execute_step(
     *,
     settings: Settings,
     celery_app: Any,
-    jobs: JobStore | None = None,
+    jobs: StepScheduler | None = None,
     engines: Collection[str] = (),
 ) -> list[StepRun]:
     """Run one delivery of ``(job_id, step_id)``, then the steps it hands on; return what each did.
@@ -255,7 +257,12 @@ def execute_step(
 
 
 def _run_and_record(
-    claim: ClaimedStep, jobs: JobStore, settings: Settings, celery_app: Any, engines: Collection[str], claim_ms: float
+    claim: ClaimedStep,
+    jobs: StepScheduler,
+    settings: Settings,
+    celery_app: Any,
+    engines: Collection[str],
+    claim_ms: float,
 ) -> tuple[StepRun, ClaimedStep | None]:
     job_id, step_id = claim.job_id, claim.step_id
     t1 = time.perf_counter()
@@ -315,5 +322,5 @@ def _run_and_record(
 
 
 @cache
-def _job_store(url: str) -> JobStore:
-    return JobStore(url)
+def _job_store(url: str) -> StepScheduler:
+    return StepScheduler(url)

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
-from api.deps import CeleryDep, JobStoreDep, RegistryDep, SettingsDep, StoreDep, WriteAuth
+from api.deps import CeleryDep, JobStoreDep, RegistryDep, SettingsDep, StoreDep, WorkersDep, WriteAuth
 from api.schemas import ErrorPublic, JobAccepted
 from api.submission import submit_job
 from api.upload import receive_upload
@@ -21,7 +21,10 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         "description": "SOURCE_UNREADABLE, UNSAFE_INPUT (archive with .., absolute paths, links, a bomb)",
     },
     401: {"model": ErrorPublic, "description": "UNAUTHORIZED"},
-    403: {"model": ErrorPublic, "description": "FORBIDDEN"},
+    403: {
+        "model": ErrorPublic,
+        "description": "FORBIDDEN (a read token; a model name of another tenant; a cross-site browser request)",
+    },
     413: {"model": ErrorPublic, "description": "UPLOAD_TOO_LARGE"},
     415: {"model": ErrorPublic, "description": "UNSUPPORTED_FORMAT"},
     422: {"model": ErrorPublic, "description": "INVALID_SPEC (naming the field), NO_ROUTE"},
@@ -72,12 +75,16 @@ async def submit(
     principal: WriteAuth,
     settings: SettingsDep,
     jobs: JobStoreDep,
+    workers: WorkersDep,
     store: StoreDep,
     celery: CeleryDep,
     registry: RegistryDep,
     cache: bool = Query(True, description="Take step outputs from the cache when present."),
 ) -> JSONResponse:
-    """Stream the upload to the artifact store, plan it and queue it; 202 with the job id."""
+    """Stream the upload to the artifact store, plan it and queue it for the caller's tenant; 202 with the job id.
+
+    A `name` (or `<name>-<target>`) another tenant publishes under is FORBIDDEN.
+    """
     scratch = request.app.state.scratch.dir
     upload = await receive_upload(request, max_bytes=settings.max_upload_bytes, tmp_root=scratch / "uploads")
     request.app.state.metrics.upload_bytes.inc(upload.total_bytes)
@@ -86,11 +93,12 @@ async def submit(
         submit_job,
         upload,
         jobs=jobs,
+        workers=workers,
         store=store,
         registry=registry,
         celery_app=celery,
         use_cache=cache,
-        owner=principal.name,
+        principal=principal,
         scratch_root=scratch / "detect",
         worker_max_age=request.app.state.worker_max_age,
         vet=settings.vet_uploads,

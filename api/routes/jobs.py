@@ -1,4 +1,8 @@
-"""Jobs: list, read, cancel, progress events (SSE), logs, and artifact downloads."""
+"""Jobs: list, read, cancel, progress events (SSE), logs, and artifact downloads.
+
+Every route sees only the caller's tenant's jobs (an admin's: every tenant's); another
+tenant's job is NOT_FOUND, exactly like one that does not exist, so ids reveal nothing.
+"""
 
 from __future__ import annotations
 
@@ -43,10 +47,13 @@ MAX_SQL_INT = 2**63 - 1
 
 @router.get("", response_model=JobsPublic, summary="List jobs")
 def list_jobs(
-    _: ReadAuth,
+    principal: ReadAuth,
     jobs: JobStoreDep,
     store: StoreDep,
     status: JobStatus | None = None,
+    tenant: str | None = Query(
+        None, max_length=64, description="Only jobs of this tenant (admin tokens; any other sees its own only)."
+    ),
     name: str | None = Query(None, description="Only jobs publishing this model name."),
     target: Annotated[TargetName | None, Query(description="Only jobs with this target.")] = None,
     engine: str | None = Query(None, description="Only jobs with a step on this engine."),
@@ -60,8 +67,12 @@ def list_jobs(
     limit: int = Query(50, ge=1, le=500),
     offset: int = Query(0, ge=0, le=MAX_SQL_INT),
 ) -> JobsPublic:
-    """Return one page of jobs, newest first unless `sort` says otherwise."""
+    """Return one page of the caller's tenant's jobs, newest first unless `sort` says otherwise."""
+    own = principal.tenant_filter
+    if own is not None and tenant not in (None, own):
+        return JobsPublic(data=[], count=0)  # another tenant's: none of them are visible
     filters = JobFilter(
+        tenant=own if own is not None else tenant,
         status=status,
         name=name,
         target=target.value if target else None,
@@ -87,9 +98,13 @@ def _build_body(jobs: JobStore, store: Any, cache: JobBodies, job_id: str, versi
     # Serialized once here, not validated again by FastAPI: this is the hottest route.
     body = job_public(job, store).model_dump_json().encode()
     final = job.status in FINAL_JOB_STATES and not any(s.status in OPEN_STEP_STATES for s in job.steps)
-    item = CachedBody(version, final, body)
+    item = CachedBody(version, final, body, job.tenant)
     cache.put(job_id, item)
     return item
+
+
+def _no_job(job_id: str) -> NotFound:
+    return NotFound(f"no job {job_id}", hint="List jobs with GET /jobs.")
 
 
 def _answer(item: CachedBody, if_none_match: str | None) -> Response:
@@ -117,7 +132,7 @@ _IF_NONE_MATCH = {
     openapi_extra={"parameters": [_IF_NONE_MATCH]},
     summary="Read a job",
 )
-async def get_job(job_id: str, request: Request, _: ReadAuth, jobs: JobStoreDep, store: StoreDep) -> Response:
+async def get_job(job_id: str, request: Request, principal: ReadAuth, jobs: JobStoreDep, store: StoreDep) -> Response:
     """Return the job: status, plan, steps with timings and errors, per-target parity, benchmark and artifacts.
 
     The `ETag` is the job's version: send it back in `If-None-Match` to get `304 Not Modified`
@@ -127,20 +142,23 @@ async def get_job(job_id: str, request: Request, _: ReadAuth, jobs: JobStoreDep,
     cache: JobBodies = state.job_bodies
     if_none_match = request.headers.get("if-none-match")
     item = cache.get(job_id)
+    own = principal.tenant_filter
     if item is not None and item.final:
+        if own is not None and item.tenant != own:
+            raise _no_job(job_id)
         return _answer(item, if_none_match)
     seen = await state.job_versions.get(job_id)
-    if seen is None:
-        raise NotFound(f"no job {job_id}", hint="List jobs with GET /jobs.")
+    if seen is None or (own is not None and seen.tenant != own):
+        raise _no_job(job_id)
     if item is None or item.version != seen.version:
         item = await run_in_threadpool(_build_body, jobs, store, cache, job_id, seen.version)
     return _answer(item, if_none_match)
 
 
 @router.delete("/{job_id}", response_model=JobPublic, responses=_404, status_code=202, summary="Cancel a job")
-def cancel_job(job_id: str, _: WriteAuth, jobs: JobStoreDep, store: StoreDep) -> JobPublic:
+def cancel_job(job_id: str, principal: WriteAuth, jobs: JobStoreDep, store: StoreDep) -> JobPublic:
     """Cancel: queued steps never run, a running step is stopped by its worker. A finished job is left as is."""
-    jobs.cancel_job(job_id)
+    jobs.cancel_job(job_id, principal.tenant_filter)
     return job_public(jobs.get_job(job_id), store)
 
 
@@ -200,7 +218,7 @@ async def _event_stream(request: Request, jobs: JobStore, job_id: str, after: in
 def job_events(
     job_id: str,
     request: Request,
-    _: ReadAuth,
+    principal: ReadAuth,
     jobs: JobStoreDep,
     last_event_id: Annotated[int | None, Header(ge=0, le=MAX_SQL_INT)] = None,
 ) -> EventStreamResponse:
@@ -208,7 +226,7 @@ def job_events(
 
     Reconnecting with `Last-Event-ID` resumes after that event.
     """
-    jobs.job_status(job_id)  # 404 before the stream starts
+    jobs.job_status(job_id, principal.tenant_filter)  # 404 before the stream starts
     return EventStreamResponse(
         _event_stream(request, jobs, job_id, last_event_id or 0),
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
@@ -223,7 +241,7 @@ def job_events(
 )
 def job_logs(
     job_id: str,
-    _: ReadAuth,
+    principal: ReadAuth,
     jobs: JobStoreDep,
     tail: int | None = Query(None, ge=1, le=100_000, description="Only the last N lines."),
     offset: int = Query(
@@ -236,16 +254,16 @@ def job_logs(
     `X-Log-Lines` says how many lines the whole log has and `X-Log-Offset` where the answer
     starts, so a viewer shows the tail of a huge log and follows it with `offset`.
     """
-    lines = job_log_lines(jobs, job_id)
+    lines = job_log_lines(jobs, job_id, principal.tenant_filter)
     start = max(len(lines) - tail, offset) if tail is not None else min(offset, len(lines))
     end = len(lines) if limit is None else min(len(lines), start + limit)
     body = "".join(line + "\n" for line in lines[start:end])
     return PlainTextResponse(body, headers={"X-Log-Lines": str(len(lines)), "X-Log-Offset": str(start)})
 
 
-def job_log_lines(jobs: JobStore, job_id: str) -> list[str]:
-    """Return the job's log as lines: its events, then each step's captured tool output."""
-    job = jobs.get_job(job_id)
+def job_log_lines(jobs: JobStore, job_id: str, tenant: str | None) -> list[str]:
+    """Return the job's log as lines: its events, then each step's captured tool output (NOT_FOUND for another tenant's)."""
+    job = jobs.get_job(job_id, tenant)
     lines = [f"job {job.id} ({job.name}): {job.status}"]
     after = 0
     while True:
@@ -289,7 +307,7 @@ async def resubmit_job(
     """
     spec = body.spec if body is not None else None
     new_id = await run_in_threadpool(
-        resubmit, jobs, store, registry, celery, job_id, spec, owner=principal.name, use_cache=True
+        resubmit, jobs, store, registry, celery, job_id, spec, principal=principal, use_cache=True
     )
     request.app.state.metrics.jobs_submitted.inc()
     url = f"/jobs/{new_id}"
@@ -326,10 +344,10 @@ def _tar_artifact(store: Any, key: str, scratch: Path, arcname: str) -> Path:
     summary="Download a target's artifact",
 )
 def download_artifact(
-    job_id: str, target: str, request: Request, _: ReadAuth, jobs: JobStoreDep, store: StoreDep
+    job_id: str, target: str, request: Request, principal: ReadAuth, jobs: JobStoreDep, store: StoreDep
 ) -> FileResponse:
     """Return the exported artifact of ``target`` (the files that were published) as a tar."""
-    job = jobs.get_job(job_id)
+    job = jobs.get_job(job_id, principal.tenant_filter)
     targets = list(job.plan.get("routes", {}))
     if target not in targets:
         raise NotFound(f"job {job_id} has no target {target!r}", hint=f"Its targets: {', '.join(targets)}.")

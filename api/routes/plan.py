@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from api.deps import JobStoreDep, ReadAuth, RegistryDep
+from api.deps import ReadAuth, RegistryDep, WorkersDep
 from api.schemas import ErrorPublic, PlanPublic, PlanRequest, PlanStepPublic
 from services.graph.planner import plan_routes
 
@@ -17,11 +17,11 @@ router = APIRouter(tags=["planning"])
     responses={422: {"model": ErrorPublic, "description": "INVALID_SPEC or NO_ROUTE (with what is reachable)"}},
     summary="Plan a spec without running it",
 )
-def plan(body: PlanRequest, request: Request, _: ReadAuth, jobs: JobStoreDep, registry: RegistryDep) -> PlanPublic:
+def plan(body: PlanRequest, request: Request, _: ReadAuth, workers: WorkersDep, registry: RegistryDep) -> PlanPublic:
     """Return the plan a job with this spec and source format would run; NO_ROUTE explains what is reachable."""
     source = body.spec.source_format or body.source_format
     p = plan_routes(source, body.spec, registry, default_name=body.spec.name or "model")
-    live = {e for w in jobs.live_workers(request.app.state.worker_max_age) for e in w.engines}
+    live = {e for w in workers.live_workers(request.app.state.worker_max_age) for e in w.engines}
     first_choice = [s for s in p.steps if not s.fallback]  # fallback steps run only if a route fails
     engines = sorted({s.engine for s in first_choice})
     return PlanPublic(

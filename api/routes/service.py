@@ -10,7 +10,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from api.deps import JobStoreDep, ReadAuth, RepositoryDep
+from api.auth import Principal
+from api.deps import ModelNamesDep, ReadAuth, RepositoryDep, WorkersDep
 from api.schemas import (
     EnginePublic,
     EnginesPublic,
@@ -28,9 +29,9 @@ router = APIRouter(tags=["service"])
 
 
 @router.get("/engines", response_model=EnginesPublic, summary="Live workers and the engines they serve")
-def engines(request: Request, _: ReadAuth, jobs: JobStoreDep) -> EnginesPublic:
+def engines(request: Request, _: ReadAuth, registry: WorkersDep) -> EnginesPublic:
     """Return every engine with its queue and number of live workers, and the workers themselves."""
-    live = jobs.live_workers(request.app.state.worker_max_age)
+    live = registry.live_workers(request.app.state.worker_max_age)
     out = []
     for name in ENGINES:
         serving = [w for w in live if name in w.engines]
@@ -51,10 +52,22 @@ def engines(request: Request, _: ReadAuth, jobs: JobStoreDep) -> EnginesPublic:
 
 
 @router.get("/repository", response_model=RepositoryPublic, summary="Published models and versions")
-def repository(_: ReadAuth, repo: RepositoryDep) -> RepositoryPublic:
-    """Return every model in the repository with its versions and their provenance headlines."""
+def repository(principal: ReadAuth, repo: RepositoryDep, names: ModelNamesDep) -> RepositoryPublic:
+    """Return the models of the caller's tenant (an admin: every model) with their versions and provenance headlines."""
+    return repository_listing(principal, repo, names)
+
+
+def repository_listing(principal: Principal, repo: Any, names: Any) -> RepositoryPublic:
+    """Return the repository as ``principal`` may see it: its tenant's model names only, unless admin.
+
+    A name no job of this service published (put there by `kiln compile`, say) has no owner
+    and is listed to admins only.
+    """
+    owned = None if principal.sees_all else names.owned_by(principal.tenant)
     models = []
     for root, name in published_models(repo):
+        if owned is not None and name not in owned:
+            continue
         model_dir = f"{root}/{name}"
         raw_meta = repo.read_file(f"{model_dir}/{MODEL_META}")
         meta: dict[str, Any] = json.loads(raw_meta) if raw_meta else {}

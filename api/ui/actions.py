@@ -13,11 +13,12 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import RedirectResponse, Response
 
-from api.auth import SESSION_COOKIE, Principal, authenticate
+from api.auth import Principal, forget_session
+from api.sessions import SESSION_COOKIE, request_session, set_session_cookie
 from api.submission import resubmit
 from api.ui.pages import load_job
-from api.ui.session import check_csrf, error_page, render, viewer
-from services.errors import InvalidSpec, KilnError, Unauthorized
+from api.ui.session import check_csrf, dashboard_form, error_page, render, viewer
+from services.errors import InvalidSpec, KilnError
 
 __all__ = ["router"]
 
@@ -42,37 +43,37 @@ async def login_page(request: Request) -> Response:
 
 @router.post("/login")
 async def login(request: Request) -> Response:
-    form = await request.form()
+    form = await dashboard_form(request)
     token = str(form.get("token", "")).strip()
     target = _safe_next(str(form.get("next", "")))
-    if not request.app.state.settings.auth_enabled:
+    state = request.app.state
+    if not state.settings.auth_enabled:
         return RedirectResponse(target, status_code=303)
-    try:
-        await authenticate(request.app.state, token, "read")
-    except Unauthorized:
+    rec = await run_in_threadpool(state.tokens.verify_token, token) if token else None
+    if rec is None:
         return render(request, "login.html", NOBODY, status_code=401, next=target, failed=True)
+    # The browser gets a signed session id; the token itself stays on this side.
+    lifetime = state.settings.session_lifetime
+    session_id = await run_in_threadpool(state.sessions.open_session, rec.id, lifetime)
     response = RedirectResponse(target, status_code=303)
-    response.set_cookie(
-        SESSION_COOKIE,
-        token,
-        httponly=True,
-        samesite="strict",
-        secure=request.url.scheme == "https",
-        path="/",
-    )
+    set_session_cookie(response, request, state.session_keys.sign(session_id), lifetime)
     return response
 
 
 @router.post("/logout")
 async def logout(request: Request) -> Response:
-    form = await request.form()
+    form = await dashboard_form(request)
     who = await viewer(request)
     if isinstance(who, Response):
         return who
     try:
-        check_csrf(request, dict(form))
+        check_csrf(request, form)
+        session_id = request_session(request)
     except KilnError as exc:
         return error_page(request, who, exc)
+    if session_id is not None:
+        await run_in_threadpool(request.app.state.sessions.close_session, session_id)
+        forget_session(request.app.state, session_id)
     response = RedirectResponse("/ui/login", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path="/")
     return response
@@ -80,13 +81,13 @@ async def logout(request: Request) -> Response:
 
 @router.post("/jobs/{job_id}/cancel")
 async def cancel(request: Request, job_id: str) -> Response:
-    form = await request.form()
+    form = await dashboard_form(request)
     who = await viewer(request, "write")
     if isinstance(who, Response):
         return who
     try:
-        check_csrf(request, dict(form))
-        await run_in_threadpool(request.app.state.jobs.cancel_job, job_id)
+        check_csrf(request, form)
+        await run_in_threadpool(request.app.state.jobs.cancel_job, job_id, who.tenant_filter)
     except KilnError as exc:
         return error_page(request, who, exc)
     return RedirectResponse(f"/ui/jobs/{job_id}", status_code=303)
@@ -98,7 +99,7 @@ async def resubmit_page(request: Request, job_id: str) -> Response:
     if isinstance(who, Response):
         return who
     try:
-        job = await run_in_threadpool(load_job, request, job_id)
+        job = await run_in_threadpool(load_job, request, who, job_id)
     except KilnError as exc:
         return error_page(request, who, exc)
     return render(
@@ -108,14 +109,14 @@ async def resubmit_page(request: Request, job_id: str) -> Response:
 
 @router.post("/jobs/{job_id}/resubmit")
 async def resubmit_post(request: Request, job_id: str) -> Response:
-    form = await request.form()
+    form = await dashboard_form(request)
     who = await viewer(request, "write")
     if isinstance(who, Response):
         return who
     spec_text = str(form.get("spec", ""))
     state = request.app.state
     try:
-        check_csrf(request, dict(form))
+        check_csrf(request, form)
         spec: Any = None
         if spec_text.strip():
             try:
@@ -130,12 +131,12 @@ async def resubmit_post(request: Request, job_id: str) -> Response:
             state.celery,
             job_id,
             spec,
-            owner=who.name,
+            principal=who,
             use_cache=True,
         )
     except KilnError as exc:
         try:
-            job = await run_in_threadpool(load_job, request, job_id)
+            job = await run_in_threadpool(load_job, request, who, job_id)
         except KilnError:
             return error_page(request, who, exc)
         return render(

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 
+from api.auth import Principal
 from api.schemas import JobPublic
 from api.ui.charts import scatter_chart
 from api.ui.pages import load_job
@@ -23,7 +24,7 @@ __all__ = ["router"]
 router = APIRouter(prefix="/ui", include_in_schema=False)
 
 
-def _compare_context(request: Request) -> dict[str, Any]:
+def _compare_context(request: Request, who: Principal) -> dict[str, Any]:
     q = request.query_params
     state = request.app.state
     sha = q.get("sha", "").strip().lower()
@@ -46,7 +47,7 @@ def _compare_context(request: Request) -> dict[str, Any]:
     }
     jobs: list[JobPublic] = []
     if sha and all(c in "0123456789abcdef" for c in sha):
-        rows, _ = state.jobs.list_jobs(filters=JobFilter(source_sha256=sha), limit=200)
+        rows, _ = state.jobs.list_jobs(filters=JobFilter(source_sha256=sha, tenant=who.tenant_filter), limit=200)
         jobs = [job_public(j, state.store) for j in rows]
         # The tolerance line: a required accuracy the viewer picks among the precisions'
         # bounds (default: the loosest, so only points failing every bound are greyed).
@@ -69,14 +70,14 @@ def _compare_context(request: Request) -> dict[str, Any]:
     table: list[JobPublic] = []
     for job_id in ids:
         try:
-            table.append(next((j for j in jobs if j.id == job_id), None) or load_job(request, job_id))
+            table.append(next((j for j in jobs if j.id == job_id), None) or load_job(request, who, job_id))
         except NotFound:
             continue
     ctx["table"] = _side_by_side(table, diff)
     ctx["table_jobs"] = table
     ctx["ids"] = ",".join(j.id for j in table)
     if not sha:
-        recent, _ = state.jobs.list_jobs(limit=50, with_steps=False)
+        recent, _ = state.jobs.list_jobs(filters=JobFilter(tenant=who.tenant_filter), limit=50, with_steps=False)
         seen: dict[str, Any] = {}
         for j in recent:
             seen.setdefault(j.source_sha256, j)
@@ -130,5 +131,5 @@ async def compare_page(request: Request) -> Response:
     who = await viewer(request)
     if isinstance(who, Response):
         return who
-    ctx = await run_in_threadpool(_compare_context, request)
+    ctx = await run_in_threadpool(_compare_context, request, who)
     return render(request, "compare.html", who, nav="compare", **ctx)

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import RedirectResponse, Response
 
+from api.auth import Principal
 from api.routes.jobs import job_log_lines
 from api.schemas import JobPublic
 from api.ui.charts import benchmark_chart
@@ -57,6 +58,7 @@ def _list_query(request: Request) -> dict[str, str]:
         "until": lambda v: _parse_date(v) is not None,
         "sort": lambda v: v.lstrip("-") in _SORTS,
         "page": lambda v: v.isdigit() and 0 < int(v) < 1_000_000,
+        "tenant": lambda v: 0 < len(v) <= 64,
     }
     for key, ok in checks.items():
         value = q.get(key, "").strip()
@@ -65,12 +67,15 @@ def _list_query(request: Request) -> dict[str, str]:
     return out
 
 
-def _filter(query: dict[str, str]) -> JobFilter:
+def _filter(query: dict[str, str], who: Principal) -> JobFilter:
     sort = query.get("sort", "-created_at")
     until = _parse_date(query.get("until"))
     if until is not None and len(query.get("until", "")) <= 10:
         until += timedelta(days=1)  # a date means "through that day"
+    # Whose jobs: the viewer's tenant's; an admin sees every tenant's, or the one picked.
+    tenant = who.tenant_filter if who.tenant_filter is not None else query.get("tenant")
     return JobFilter(
+        tenant=tenant,
         status=query.get("status"),
         name=query.get("name"),
         target=query.get("target"),
@@ -84,11 +89,11 @@ def _filter(query: dict[str, str]) -> JobFilter:
     )
 
 
-def _jobs_context(request: Request) -> dict[str, Any]:
+def _jobs_context(request: Request, who: Principal) -> dict[str, Any]:
     query = _list_query(request)
     page = int(query.get("page", "1"))
     rows, count = request.app.state.jobs.list_jobs(
-        filters=_filter(query), limit=PAGE_SIZE, offset=(page - 1) * PAGE_SIZE, with_steps=False
+        filters=_filter(query, who), limit=PAGE_SIZE, offset=(page - 1) * PAGE_SIZE, with_steps=False
     )
 
     def link(**change: Any) -> str:
@@ -110,6 +115,8 @@ def _jobs_context(request: Request) -> dict[str, Any]:
         "precisions": [p.value for p in Precision],
         "statuses": _STATUSES,
         "now": datetime.now(UTC),
+        # With auth on, an admin sees every tenant's jobs: which is whose.
+        "show_tenant": request.app.state.settings.auth_enabled and who.sees_all,
     }
 
 
@@ -118,7 +125,7 @@ async def jobs_page(request: Request) -> Response:
     who = await viewer(request)
     if isinstance(who, Response):
         return who
-    ctx = await run_in_threadpool(_jobs_context, request)
+    ctx = await run_in_threadpool(_jobs_context, request, who)
     return render(request, "jobs.html", who, nav="jobs", **ctx)
 
 
@@ -127,23 +134,24 @@ async def jobs_rows(request: Request) -> Response:
     who = await viewer(request)
     if isinstance(who, Response):
         return who
-    ctx = await run_in_threadpool(_jobs_context, request)
+    ctx = await run_in_threadpool(_jobs_context, request, who)
     return render(request, "_jobs_rows.html", who, **ctx)
 
 
-def load_job(request: Request, job_id: str) -> JobPublic:
+def load_job(request: Request, who: Principal, job_id: str) -> JobPublic:
+    """Return the job as its page shows it; NOT_FOUND when unknown or of a tenant ``who`` does not see."""
     state = request.app.state
-    return job_public(state.jobs.get_job(job_id), state.store)
+    return job_public(state.jobs.get_job(job_id, who.tenant_filter), state.store)
 
 
 def live_engines(request: Request) -> set[str]:
     state = request.app.state
-    return {e for w in state.jobs.live_workers(state.worker_max_age) for e in w.engines}
+    return {e for w in state.workers.live_workers(state.worker_max_age) for e in w.engines}
 
 
-def job_context(request: Request, job_id: str) -> dict[str, Any]:
+def job_context(request: Request, who: Principal, job_id: str) -> dict[str, Any]:
     """Return what the job page's live part shows (also rendered by its event stream)."""
-    job = load_job(request, job_id)
+    job = load_job(request, who, job_id)
     live = live_engines(request)
     panels = []
     for t in job.targets.values():
@@ -177,10 +185,10 @@ async def job_live(request: Request, job_id: str) -> Response:
     return await render_page(request, "_job_live.html", job_context, job_id)
 
 
-def _log_context(request: Request, job_id: str) -> dict[str, Any]:
+def _log_context(request: Request, who: Principal, job_id: str) -> dict[str, Any]:
     jobs = request.app.state.jobs
-    status = jobs.job_status(job_id)
-    lines = job_log_lines(jobs, job_id)
+    status = jobs.job_status(job_id, who.tenant_filter)
+    lines = job_log_lines(jobs, job_id, who.tenant_filter)
     start = max(0, len(lines) - LOG_TAIL)
     return {
         "job_id": job_id,

@@ -10,9 +10,8 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 
-from api.auth import ANONYMOUS
-from api.routes.service import readiness_checks
-from api.routes.service import repository as repository_listing
+from api.auth import Principal
+from api.routes.service import readiness_checks, repository_listing
 from api.ui.session import render, render_page, viewer
 from services.errors import NotFound
 from services.graph.engines import ENGINES, queue_name
@@ -26,8 +25,8 @@ router = APIRouter(prefix="/ui", include_in_schema=False)
 def _engines_context(request: Request) -> dict[str, Any]:
     state = request.app.state
     now = datetime.now(UTC)
-    live = state.jobs.live_workers(state.worker_max_age)
-    queued = state.jobs.queued_steps_by_queue()
+    live = state.workers.live_workers(state.worker_max_age)
+    queued = state.steps.queued_steps_by_queue()
     rows = []
     for name in ENGINES:
         serving = [w for w in live if name in w.engines]
@@ -68,9 +67,9 @@ def version_size(repo: Any, model_dir: str, version: int) -> int | None:
     return sum(p.stat().st_size for p in (repo.root / model_dir / str(version)).rglob("*") if p.is_file())
 
 
-def _repository_context(request: Request) -> dict[str, Any]:
+def _repository_context(request: Request, who: Principal) -> dict[str, Any]:
     repo = request.app.state.repository
-    listing = repository_listing(ANONYMOUS, repo)
+    listing = repository_listing(who, repo, request.app.state.model_names)
     sizes = {
         (m.name, v.version): version_size(repo, f"{m.root}/{m.name}", v.version)
         for m in listing.models
@@ -84,15 +83,17 @@ async def repository_page(request: Request) -> Response:
     who = await viewer(request)
     if isinstance(who, Response):
         return who
-    ctx = await run_in_threadpool(_repository_context, request)
+    ctx = await run_in_threadpool(_repository_context, request, who)
     return render(request, "repository.html", who, nav="repository", **ctx)
 
 
-def _version_context(request: Request, name: str, version_text: str) -> dict[str, Any]:
+def _version_context(request: Request, who: Principal, name: str, version_text: str) -> dict[str, Any]:
     if not version_text.isdigit():
         raise NotFound(f"no version {version_text!r} of model {name!r}", hint="Versions are numbers.")
     version = int(version_text)
     repo = request.app.state.repository
+    if not who.sees_all and request.app.state.model_names.owner(name) != who.tenant:
+        raise NotFound(f"no version {version} of model {name!r}", hint="The repository page lists what is there.")
     model_dir = find_model_dir(repo, name)  # the server root (triton/, tfserving/, tflite/) that holds it
     if model_dir is None or version not in repo.versions(model_dir):
         raise NotFound(f"no version {version} of model {name!r}", hint="The repository page lists what is there.")

@@ -2,12 +2,11 @@
 
 With auth on, a page needs the session cookie (set by the login page) or a bearer token;
 without one the browser is sent to the login page. Form posts carry the session's CSRF
-token (api.auth.csrf_token).
+token (api.sessions).
 """
 
 from __future__ import annotations
 
-import hmac
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -17,12 +16,19 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
-from api.auth import ANONYMOUS, CSRF_HEADER, SESSION_COOKIE, Principal, authenticate, csrf_token
+from api.auth import ANONYMOUS, Principal, authenticate, authenticate_session
+from api.sessions import CSRF_FIELD, request_session, require_csrf
 from api.ui import charts
 from api.ui.views import STATUS_ICONS, STEP_COLUMNS
-from services.errors import HTTP_STATUS, Forbidden, KilnError, Unauthorized
+from services.errors import HTTP_STATUS, KilnError, Unauthorized
 
-__all__ = ["base_context", "check_csrf", "error_page", "render", "templates", "viewer"]
+__all__ = ["base_context", "check_csrf", "dashboard_form", "error_page", "render", "templates", "viewer"]
+
+#: The dashboard's forms (sign in, cancel, resubmit) have a few small fields: a form with
+#: more, larger ones, or any file is refused (400) before it fills memory. The resubmit
+#: form's spec may be as large as POST /compile's spec part (api.upload.MAX_FIELD_BYTES).
+FORM_MAX_FIELDS = 8
+FORM_MAX_FIELD_BYTES = 1 << 20
 
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
 templates.env.globals.update(STATUS_ICONS=STATUS_ICONS, STEP_COLUMNS=STEP_COLUMNS, charts=charts)
@@ -38,36 +44,52 @@ async def viewer(request: Request, scope: str = "read") -> Principal | Response:
     state = request.app.state
     if not state.settings.auth_enabled:
         return ANONYMOUS
-    token = _bearer(request) or request.cookies.get(SESSION_COOKIE)
     try:
-        return await authenticate(state, token, scope)
+        token = _bearer(request)
+        if token is not None:
+            return await authenticate(state, token, scope)
+        session_id = request_session(request)
+        if session_id is None:
+            raise Unauthorized("nobody is signed in")
+        return await authenticate_session(state, session_id, scope)
     except Unauthorized:
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         return RedirectResponse(f"/ui/login?next={quote(target, safe='')}", status_code=303)
 
 
+async def dashboard_form(request: Request) -> dict[str, Any]:
+    """Return a dashboard form post's fields, bounded in number and size (no files)."""
+    form = await request.form(max_files=0, max_fields=FORM_MAX_FIELDS, max_part_size=FORM_MAX_FIELD_BYTES)
+    return dict(form)
+
+
 def check_csrf(request: Request, form: dict[str, Any]) -> None:
-    """Refuse a dashboard form post without the session's CSRF token (auth on only)."""
-    if not request.app.state.settings.auth_enabled:
-        return
-    session = request.cookies.get(SESSION_COOKIE)
-    if _bearer(request):
-        return  # not a browser session: nothing a cross-site page could forge
-    sent = request.headers.get(CSRF_HEADER) or str(form.get("csrf_token", ""))
-    if not session or not hmac.compare_digest(sent.encode(), csrf_token(session).encode()):
-        raise Forbidden("the form's CSRF token is missing or wrong", hint="Reload the page and try again.")
+    """Refuse a dashboard form post of a session without its CSRF token, in the header or the form (auth on only)."""
+    if not request.app.state.settings.auth_enabled or _bearer(request):
+        return  # no session, or not a browser's: nothing a cross-site page could forge
+    session_id = request_session(request)
+    if session_id is None:
+        raise Unauthorized("nobody is signed in", hint="Sign in at /ui/login.")
+    require_csrf(request, session_id, str(form.get(CSRF_FIELD, "")))
+
+
+def _session_csrf(request: Request) -> str:
+    try:
+        session_id = request_session(request)
+    except Unauthorized:
+        return ""
+    return request.app.state.session_keys.csrf_token(session_id) if session_id else ""
 
 
 def base_context(request: Request, who: Principal) -> dict[str, Any]:
     """Return what every template needs: who is looking, whether they may write, the CSRF token."""
-    session = request.cookies.get(SESSION_COOKIE)
     auth = request.app.state.settings.auth_enabled
     return {
         "request": request,
         "who": who,
         "can_write": who.allows("write"),
         "auth_enabled": auth,
-        "csrf": csrf_token(session) if auth and session else "",
+        "csrf": _session_csrf(request) if auth else "",
         "nav": None,
     }
 
@@ -85,7 +107,7 @@ def error_page(request: Request, who: Principal, exc: KilnError) -> Response:
 
 
 async def render_page(request: Request, template: str, build: Any, *args: Any, **extra: Any) -> Response:
-    """Render ``template`` for the viewer with the context ``build(request, *args)`` returns.
+    """Render ``template`` for the viewer with the context ``build(request, viewer, *args)`` returns.
 
     ``build`` reads the job store, so it runs off the event loop; a KilnError it raises
     (an unknown job, say) becomes the error page, and nobody signed in gets the login page.
@@ -94,7 +116,7 @@ async def render_page(request: Request, template: str, build: Any, *args: Any, *
     if isinstance(who, Response):
         return who
     try:
-        ctx = await run_in_threadpool(build, request, *args)
+        ctx = await run_in_threadpool(build, request, who, *args)
     except KilnError as exc:
         return error_page(request, who, exc)
     return render(request, template, who, **extra, **ctx)

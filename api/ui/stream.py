@@ -46,7 +46,7 @@ async def _html_stream(request: Request, who: Any, job_id: str, after: int) -> A
         if seen is None:
             return  # the job was deleted
         if seen.version > shown:
-            ctx = await run_in_threadpool(job_context, request, job_id)
+            ctx = await run_in_threadpool(job_context, request, who, job_id)
             html = template.render({**base_context(request, who), **ctx})
             shown = seen.version
             yield _event("update", shown, html)
@@ -67,7 +67,7 @@ async def job_stream(request: Request, job_id: str) -> Response:
     if isinstance(who, Response):
         return who
     try:
-        await run_in_threadpool(request.app.state.jobs.job_status, job_id)
+        await run_in_threadpool(request.app.state.jobs.job_status, job_id, who.tenant_filter)
     except KilnError as exc:
         return error_page(request, who, exc)
     last = request.headers.get("last-event-id", "")

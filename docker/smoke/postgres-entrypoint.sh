@@ -1,9 +1,13 @@
 #!/bin/sh
 # Initialise the cluster on first start (user, password, database from the environment, like the
-# official image), then run the server in the foreground as PID 1.
+# official image: the password from POSTGRES_PASSWORD or the file POSTGRES_PASSWORD_FILE names),
+# then run the server in the foreground as PID 1.
 set -eu
 : "${POSTGRES_USER:=postgres}" "${POSTGRES_DB:=$POSTGRES_USER}"
-: "${POSTGRES_PASSWORD:?set POSTGRES_PASSWORD}"
+if [ -n "${POSTGRES_PASSWORD_FILE:-}" ]; then
+  POSTGRES_PASSWORD=$(cat "$POSTGRES_PASSWORD_FILE")
+fi
+: "${POSTGRES_PASSWORD:?set POSTGRES_PASSWORD or POSTGRES_PASSWORD_FILE}"
 bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
 
 if [ ! -s "$PGDATA/PG_VERSION" ]; then

@@ -1,8 +1,13 @@
 #!/bin/sh
 # Run SeaweedFS (master, volume, filer and S3 gateway in one process) with one identity made of
-# MinIO's root credentials; like AWS, a missing bucket is an error (s3-init creates them).
+# MinIO's root credentials (the password from MINIO_ROOT_PASSWORD or the file
+# MINIO_ROOT_PASSWORD_FILE names, as MinIO takes it); like AWS, a missing bucket is an error
+# (s3-init creates them).
 set -eu
-: "${MINIO_ROOT_USER:?set MINIO_ROOT_USER}" "${MINIO_ROOT_PASSWORD:?set MINIO_ROOT_PASSWORD}"
+if [ -n "${MINIO_ROOT_PASSWORD_FILE:-}" ]; then
+  MINIO_ROOT_PASSWORD=$(cat "$MINIO_ROOT_PASSWORD_FILE")
+fi
+: "${MINIO_ROOT_USER:?set MINIO_ROOT_USER}" "${MINIO_ROOT_PASSWORD:?set MINIO_ROOT_PASSWORD or MINIO_ROOT_PASSWORD_FILE}"
 config=/data/s3.json
 printf '{"identities": [{"name": "root", "credentials": [{"accessKey": "%s", "secretKey": "%s"}], "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}\n' \
   "$MINIO_ROOT_USER" "$MINIO_ROOT_PASSWORD" > "$config"

@@ -18,8 +18,12 @@ class TensorRTOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    # Only the variants there are workers and queues for: another (`cu01`) planned a queue no
+    # worker could ever serve, and the job was refused as ENGINE_UNAVAILABLE (503) instead of 422.
     variant: str = Field(
-        default="cu13", pattern=r"^cu[0-9]{2}$", description="TensorRT worker variant (queue kiln.tensorrt-<variant>)."
+        default="cu13",
+        pattern="^(" + "|".join(VARIANTS) + ")$",
+        description="TensorRT worker variant (queue kiln.tensorrt-<variant>): " + ", ".join(VARIANTS) + ".",
     )
     workspace_mb: int = Field(default=2048, ge=64, le=MAX_WORKSPACE_MB, description="TensorRT builder workspace limit.")
 

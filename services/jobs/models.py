@@ -22,17 +22,24 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 __all__ = [
+    "DEFAULT_TENANT",
     "FINAL_JOB_STATES",
     "OPEN_STEP_STATES",
     "ApiToken",
     "Base",
+    "DashboardSession",
     "Job",
     "JobEvent",
     "JobStep",
+    "ModelName",
     "UTCDateTime",
     "WorkerRecord",
     "utcnow",
 ]
+
+#: The tenant of tokens created without one, of jobs made with auth off, and of every job and
+#: model name recorded before tenants existed (migration 0004).
+DEFAULT_TENANT = "default"
 
 #: A job ends in one of these; nothing moves it out again.
 FINAL_JOB_STATES = ("succeeded", "failed", "cancelled")
@@ -95,6 +102,9 @@ class Job(Base):
     use_cache: Mapped[bool] = mapped_column(Boolean, default=True)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    # The team the job belongs to: its token's tenant. Reads and changes by a token of another
+    # tenant find no such job (admin tokens see every tenant's).
+    tenant: Mapped[str] = mapped_column(String(64), default=DEFAULT_TENANT, index=True)
     error: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # per-target results
     cached: Mapped[bool | None] = mapped_column(Boolean, nullable=True)  # every step came from the cache
@@ -168,6 +178,7 @@ class ApiToken(Base):
     name: Mapped[str] = mapped_column(String(128), unique=True)
     token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
     scopes: Mapped[str] = mapped_column(String(128))  # space-separated: read write admin
+    tenant: Mapped[str] = mapped_column(String(64), default=DEFAULT_TENANT)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
@@ -185,3 +196,32 @@ class WorkerRecord(Base):
     started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class ModelName(Base):
+    """A published model name and the tenant that owns it: the first to publish under it.
+
+    Claimed in the transaction that records the job, so two tenants racing for one name
+    cannot both get it; a name is never released (a version published under it stays).
+    """
+
+    __tablename__ = "model_names"
+
+    name: Mapped[str] = mapped_column(String(160), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class DashboardSession(Base):
+    """A signed-in dashboard: the cookie carries only a signed random id whose hash is the key here.
+
+    The API token stays on the server; signing out deletes the row, and revoking the token
+    ends its sessions (they are read joined to a live token).
+    """
+
+    __tablename__ = "dashboard_sessions"
+
+    id_sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    token_id: Mapped[str] = mapped_column(ForeignKey("api_tokens.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
