@@ -13,10 +13,10 @@ TRITON_PACKAGES := nvidia-pytriton onnxruntime openvino
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml constraints.txt
+$(VENV)/.installed: pyproject.toml clients/python/pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[$(EXTRAS)]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[$(EXTRAS)]' -e clients/python
 	$(BIN)/pip check
 	touch $@
 
@@ -36,8 +36,8 @@ test: setup triton-server
 	$(BIN)/python -m pytest
 
 lint: setup
-	$(BIN)/ruff check api services workers cli tests benchmarks docker
-	$(BIN)/ruff format --check api services workers cli tests benchmarks docker
+	$(BIN)/ruff check api services workers cli tests benchmarks docker clients
+	$(BIN)/ruff format --check api services workers cli tests benchmarks docker clients
 
 # The packages' sources (pyproject's [tool.mypy] files); tests and benchmarks are scripts.
 typecheck: setup
