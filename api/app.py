@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
@@ -40,6 +41,9 @@ from workers.maintenance import fail_unserved_once, worker_max_age
 log = logging.getLogger("kiln.api")
 
 __all__ = ["create_app"]
+
+#: Seconds between removals of idempotency keys past their 24 hours.
+KEY_PURGE_INTERVAL = 3600.0
 
 DESCRIPTION = """\
 Kiln compiles a trained model for every serving engine a team deploys to, checks each
@@ -78,12 +82,16 @@ def create_app(
     async def fail_unserved_steps() -> None:
         # Workers sweep too, but with no worker alive at all only the API is left to notice
         # that a job waits for an engine nobody serves.
+        purged_at = 0.0
         while True:
             await asyncio.sleep(settings.step_heartbeat_interval)
             try:
                 await run_in_threadpool(
                     fail_unserved_once, app.state.steps, app.state.workers, app.state.celery, settings
                 )
+                if time.monotonic() - purged_at > KEY_PURGE_INTERVAL:
+                    await run_in_threadpool(app.state.idempotency.purge_expired)
+                    purged_at = time.monotonic()
             except Exception:  # a database or broker blip must not end the loop
                 log.warning("sweep for unserved steps failed", exc_info=True)
 
@@ -121,6 +129,7 @@ def create_app(
     stores = JobStores.open(url)
     state.jobs, state.steps, state.workers = stores.jobs, stores.steps, stores.workers
     state.tokens, state.sessions, state.model_names = stores.tokens, stores.sessions, stores.model_names
+    state.idempotency = stores.idempotency
     state.session_keys = session_keys(settings)
     state.store = open_store(settings)
     state.repository = open_repository(settings)

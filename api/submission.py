@@ -29,6 +29,7 @@ from services.formats import DetectedSource, Format, open_source, safe_extract
 from services.formats.archives import archive_kind
 from services.graph.planner import Plan, plan_routes
 from services.graph.registry import Registry, load_entry
+from services.jobs.idempotency import IdempotencyClaim
 from services.jobs.store import JobStore, NewJob
 from services.jobs.worker_registry import WorkerRegistry
 from services.pipeline.local import default_model_name
@@ -144,10 +145,11 @@ def prepare_job(
     if calibration is not None:
         spec = spec.model_copy(update={"calibration": calibration.filename})
     scratch_root.mkdir(parents=True, exist_ok=True)
+    default_name = default_model_name(model.path)  # while the file is there: it is moved into the store below
     with tempfile.TemporaryDirectory(prefix="detect-", dir=scratch_root) as tmp:
         # Detection and archive vetting (UNSAFE_INPUT) happen here, before anything is stored.
         source = _open_vetted(model.path, Path(tmp), spec.source_format, model.sha256, vet)
-        plan = plan_routes(source.format, spec, registry, default_name=default_model_name(model.path))
+        plan = plan_routes(source.format, spec, registry, default_name=default_name)
         _require_workers(plan, spec, live_engines)
         _check_spec_inputs(source, spec)
         _target_preflights(source, spec)
@@ -158,7 +160,7 @@ def prepare_job(
         calibration_key = f"sources/{calibration.sha256}"
         store.put_dir(calibration_key, calibration.path.parent, move=True)
     return NewJob(
-        name=spec.name or default_model_name(model.path),
+        name=spec.name or default_name,
         spec=spec.model_dump(mode="json"),
         plan=plan,
         source_key=source_key,
@@ -189,12 +191,14 @@ def submit_job(
     scratch_root: Path,
     worker_max_age: float | None = None,
     vet: bool = True,
+    idempotency: IdempotencyClaim | None = None,
 ) -> str:
     """Accept ``upload`` for ``principal``'s tenant: record the job with its first steps queued, enqueue them; return its id.
 
     With ``worker_max_age``, a job needing an engine without a worker that heartbeated that
     recently is refused unless its spec says to wait. The upload's temporary files are
-    removed whatever happens.
+    removed whatever happens. ``idempotency``: the request's key, recorded with the job
+    (KeyTaken when another job holds it; nothing is recorded then).
     """
     try:
         live = None
@@ -210,7 +214,7 @@ def submit_job(
             live_engines=live,
             vet=vet,
         )
-        advance = jobs.submit_job(new, any_names=principal.sees_all)
+        advance = jobs.submit_job(new, any_names=principal.sees_all, idempotency=idempotency)
         start_job(jobs, celery_app, new.id, advance.queued)
     finally:
         upload.cleanup()
@@ -240,13 +244,14 @@ def resubmit(
     *,
     principal: Principal,
     use_cache: bool,
+    idempotency: IdempotencyClaim | None = None,
 ) -> str:
     """Queue a new job on ``job_id``'s stored source with its spec, or ``spec``; return the new job's id.
 
     The source is already in the store under its content address, so nothing is uploaded or
     detected again; the new spec is validated and planned like an upload's. Only a job of
     ``principal``'s tenant can be resubmitted (an admin: any), and the new job stays in
-    that job's tenant.
+    that job's tenant. ``idempotency`` as for :func:`submit_job`.
     """
     old = jobs.get_job(job_id, principal.tenant_filter)
     if not store.exists(old.source_key):
@@ -279,6 +284,6 @@ def resubmit(
         owner=principal.name,
         tenant=old.tenant,
     )
-    advance = jobs.submit_job(new, any_names=principal.sees_all)
+    advance = jobs.submit_job(new, any_names=principal.sees_all, idempotency=idempotency)
     start_job(jobs, celery_app, new.id, advance.queued)
     return new.id

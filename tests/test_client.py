@@ -11,6 +11,7 @@ import dataclasses
 import os
 import time
 import tracemalloc
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from jobs_support import (
     read_sse,
     redis_url,
     service_env,
+    submit,
     wait_http,
     wait_workers,
 )
@@ -285,3 +287,56 @@ def test_the_client_package_depends_on_httpx_only() -> None:
         check=True,
     )
     assert out.stdout.strip() == "[]"
+
+
+def _header(raw: bytes, name: str) -> str:
+    head = raw.split(b"\r\n\r\n", 1)[0].decode("latin-1")
+    return next(line.split(":", 1)[1].strip() for line in head.split("\r\n") if line.lower().startswith(name + ":"))
+
+
+def test_a_submit_repeated_after_a_dropped_answer_makes_one_job(serve: Service, cnn_onnx: Path) -> None:
+    name = f"once-{uuid.uuid4().hex[:8]}"
+    # The server records the job, but the answer never reaches the client, which sends it again.
+    with FaultProxy(serve.port, {0: "drop_response"}) as proxy, Client(proxy.url, backoff=0.01) as kiln:
+        job = kiln.compile(cnn_onnx, {**FAST, "name": name}, timeout=120)
+        keys = {_header(proxy.requests[i], "idempotency-key") for i in (0, 1)}
+    assert len(keys) == 1 and job.ok
+    with Client(serve.url) as kiln:
+        page = kiln.jobs(name=name)
+    assert page.count == 1 and page.data[0].id == job.id
+
+
+def test_the_idempotency_key_header_on_compile_and_resubmit(serve: Service, cnn_onnx: Path) -> None:
+    key = uuid.uuid4().hex
+    spec = {**FAST, "name": f"idem-{key[:8]}"}
+    first = submit(serve.url, cnn_onnx, spec, headers={"Idempotency-Key": key})
+    assert first.status_code == 202, first.text
+    job_id = first.json()["id"]
+    again = submit(serve.url, cnn_onnx, dict(reversed(spec.items())), headers={"Idempotency-Key": key})
+    assert again.status_code == 200 and again.json()["id"] == job_id
+    assert again.headers["idempotent-replayed"] == "true" and again.headers["location"] == f"/jobs/{job_id}"
+    other = submit(serve.url, cnn_onnx, {**spec, "precision": "fp16"}, headers={"Idempotency-Key": key})
+    assert other.status_code == 409
+    body = other.json()
+    assert (
+        body["code"] == "IDEMPOTENCY_KEY_REUSED" and body["details"]["job_id"] == job_id and "new key" in body["hint"]
+    )
+    uncached = submit(serve.url, cnn_onnx, spec, headers={"Idempotency-Key": key}, params={"cache": "false"})
+    assert uncached.status_code == 409  # the cache flag is part of the request
+    bad = submit(serve.url, cnn_onnx, spec, headers={"Idempotency-Key": "two words"})
+    assert bad.status_code == 422 and bad.json()["details"]["errors"][0]["field"] == "Idempotency-Key"
+    # Resubmit: the same key and body answer the first new job; another body is refused.
+    rkey = uuid.uuid4().hex
+    url = f"{serve.url}/jobs/{job_id}/resubmit"
+    r1 = httpx.post(url, json={"spec": {**spec, "targets": ["onnxruntime"]}}, headers={"Idempotency-Key": rkey})
+    r2 = httpx.post(url, json={"spec": {**spec, "targets": ["onnxruntime"]}}, headers={"Idempotency-Key": rkey})
+    r3 = httpx.post(url, json={"spec": {**spec, "targets": ["openvino"]}}, headers={"Idempotency-Key": rkey})
+    assert (r1.status_code, r2.status_code, r3.status_code) == (202, 200, 409)
+    assert r2.json()["id"] == r1.json()["id"] != job_id
+    # The OpenAPI document says all of it.
+    paths = httpx.get(f"{serve.url}/openapi.json").json()["paths"]
+    for op in (paths["/compile"]["post"], paths["/jobs/{job_id}/resubmit"]["post"]):
+        header = next(p for p in op["parameters"] if p["name"] == "Idempotency-Key")
+        assert header["in"] == "header" and "24 h" in header["description"]
+        assert {"200", "202", "409"} <= set(op["responses"])
+        assert "IDEMPOTENCY_KEY_REUSED" in op["responses"]["409"]["description"]

@@ -28,6 +28,7 @@ __all__ = [
     "ApiToken",
     "Base",
     "DashboardSession",
+    "IdempotencyKey",
     "Job",
     "JobEvent",
     "JobStep",
@@ -225,3 +226,19 @@ class DashboardSession(Base):
     token_id: Mapped[str] = mapped_column(ForeignKey("api_tokens.id", ondelete="CASCADE"), index=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+
+
+class IdempotencyKey(Base):
+    """A submit's ``Idempotency-Key``, per tenant: the job it made and a fingerprint of its request.
+
+    The same key with the same request within a day answers that job again; with another
+    request, IDEMPOTENCY_KEY_REUSED. Recorded in the transaction that records the job.
+    """
+
+    __tablename__ = "idempotency_keys"
+
+    tenant: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)

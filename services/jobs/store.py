@@ -22,8 +22,9 @@ from sqlalchemy.orm import Session, defer, selectinload
 from services.errors import Cancelled, KilnError, NotFound
 from services.graph.planner import Plan
 from services.jobs.database import JobDatabase, JobPlan, job_database
+from services.jobs.idempotency import IdempotencyClaim, claim_key
 from services.jobs.model_names import claim_names, published_names
-from services.jobs.models import DEFAULT_TENANT, FINAL_JOB_STATES, Job, JobEvent, JobStep, utcnow
+from services.jobs.models import DEFAULT_TENANT, FINAL_JOB_STATES, IdempotencyKey, Job, JobEvent, JobStep, utcnow
 from services.jobs.scheduling import Advance, StepScheduler
 from services.public_errors import public_error
 
@@ -137,16 +138,22 @@ class JobStore:
             self._insert_job(s, new, utcnow())
         return new.id
 
-    def submit_job(self, new: NewJob, *, any_names: bool = False) -> Advance:
+    def submit_job(
+        self, new: NewJob, *, any_names: bool = False, idempotency: IdempotencyClaim | None = None
+    ) -> Advance:
         """Record an accepted job and queue its first steps in one transaction; return what to enqueue.
 
         The model names the job publishes under are claimed for its tenant in the same
         transaction: a name another tenant owns is FORBIDDEN, unless ``any_names`` (an admin).
+        So is ``idempotency``'s key: when another job holds it, nothing is recorded and
+        :class:`~services.jobs.idempotency.KeyTaken` names that job.
         """
         now = utcnow()
         with self.db.write() as s:
             claim_names(s, new.tenant, published_names(new.plan), any_owner=any_names)
             job, rows = self._insert_job(s, new, now)
+            if idempotency is not None:
+                claim_key(s, idempotency, new.id, now)
             return self._steps.advance_locked(s, job, rows, JobPlan.of(job.plan, job.spec), now)
 
     def _insert_job(self, s: Session, new: NewJob, now: datetime) -> tuple[Job, dict[str, JobStep]]:
@@ -327,6 +334,7 @@ class JobStore:
         """Remove a job and its steps and events (tests and retention)."""
         self.db.forget_plan(job_id)
         with self.db.write() as s:
+            s.execute(delete(IdempotencyKey).where(IdempotencyKey.job_id == job_id))
             s.execute(delete(JobEvent).where(JobEvent.job_id == job_id))
             s.execute(delete(JobStep).where(JobStep.job_id == job_id))
             s.execute(delete(Job).where(Job.id == job_id))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.jobs.database import JobDatabase, job_database
+from services.jobs.idempotency import IdempotencyKeys
 from services.jobs.model_names import ModelNames
 from services.jobs.scheduling import StepScheduler
 from services.jobs.sessions import SessionStore
@@ -26,6 +27,7 @@ class JobStores:
     tokens: TokenStore
     sessions: SessionStore
     model_names: ModelNames
+    idempotency: IdempotencyKeys
 
     @classmethod
     def open(cls, where: JobDatabase | str) -> JobStores:
@@ -38,4 +40,5 @@ class JobStores:
             tokens=TokenStore(db),
             sessions=SessionStore(db),
             model_names=ModelNames(db),
+            idempotency=IdempotencyKeys(db),
         )
