@@ -21,6 +21,7 @@ from api.metrics import Metrics, MetricsMiddleware
 from api.openapi_errors import document_errors
 from api.origin import OriginGuard
 from api.polling import JobBodies, JobVersions
+from api.readiness import EmbeddedWorkers
 from api.routes import compile as compile_routes
 from api.routes import jobs as job_routes
 from api.routes import plan as plan_routes
@@ -65,12 +66,17 @@ artifacts and model names (admin tokens: every tenant's).
 
 
 def create_app(
-    settings: Settings | None = None, celery_app: Any = None, *, registry: Registry | None = None
+    settings: Settings | None = None,
+    celery_app: Any = None,
+    *,
+    registry: Registry | None = None,
+    embedded: EmbeddedWorkers | None = None,
 ) -> FastAPI:
     """Return the API app for ``settings`` publishing steps through ``celery_app``.
 
     Without a Celery app one is built from the settings (what `kiln api` does). A SQLite
-    job store is migrated at start; PostgreSQL is migrated by `kiln migrate`.
+    job store is migrated at start; PostgreSQL is migrated by `kiln migrate`. ``embedded``:
+    `kiln serve`'s own workers, which /readyz and job admission wait for while they start.
     """
     settings = settings or get_settings()
     if celery_app is None:
@@ -134,6 +140,7 @@ def create_app(
     state.store = open_store(settings)
     state.repository = open_repository(settings)
     state.registry = registry or default_registry()
+    state.embedded = embedded
     # Uploads, detection and downloads work here; a crashed predecessor's leftovers go now.
     state.scratch = ApiScratch(settings.cache_dir / "api")
     state.token_cache = TokenCache()

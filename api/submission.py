@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from api.auth import Principal
+from api.readiness import EmbeddedWorkers
 from api.upload import Upload
 from services import descriptors
 from services.errors import (
@@ -150,9 +151,10 @@ def prepare_job(
         # Detection and archive vetting (UNSAFE_INPUT) happen here, before anything is stored.
         source = _open_vetted(model.path, Path(tmp), spec.source_format, model.sha256, vet)
         plan = plan_routes(source.format, spec, registry, default_name=default_name)
-        _require_workers(plan, spec, live_engines)
+        # What is wrong with the request is said first; a missing worker only after.
         _check_spec_inputs(source, spec)
         _target_preflights(source, spec)
+        _require_workers(plan, spec, live_engines)
     source_key = f"sources/{model.sha256}"
     store.put_dir(source_key, model.path.parent, move=True)  # the upload's own directory, discarded next
     calibration_key = None
@@ -192,18 +194,22 @@ def submit_job(
     worker_max_age: float | None = None,
     vet: bool = True,
     idempotency: IdempotencyClaim | None = None,
+    embedded: EmbeddedWorkers | None = None,
 ) -> str:
     """Accept ``upload`` for ``principal``'s tenant: record the job with its first steps queued, enqueue them; return its id.
 
     With ``worker_max_age``, a job needing an engine without a worker that heartbeated that
     recently is refused unless its spec says to wait. The upload's temporary files are
     removed whatever happens. ``idempotency``: the request's key, recorded with the job
-    (KeyTaken when another job holds it; nothing is recorded then).
+    (KeyTaken when another job holds it; nothing is recorded then). ``embedded``: `kiln
+    serve`'s own workers; the engines they are still starting count as served (the job waits).
     """
     try:
         live = None
         if worker_max_age is not None:
             live = {e for w in workers.live_workers(worker_max_age) for e in w.engines}
+            if embedded is not None:
+                live |= set(embedded.starting(live))
         new = prepare_job(
             upload,
             store=store,

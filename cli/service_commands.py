@@ -149,14 +149,16 @@ def _die_with_parent() -> None:
 class _WorkerSupervisor(threading.Thread):
     """Keeps the embedded worker process running; restarts it if it dies."""
 
-    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], embedded: Any = None) -> None:
         super().__init__(name="kiln-serve-worker", daemon=True)
-        self.argv, self.env = argv, env
+        self.argv, self.env, self.embedded = argv, env, embedded
         self.proc: subprocess.Popen[bytes] | None = None
         self.stopping = threading.Event()
 
     def run(self) -> None:
         while not self.stopping.is_set():
+            if self.embedded is not None:
+                self.embedded.started()  # its engines are starting (again): /readyz and admission wait
             self.proc = subprocess.Popen(self.argv, env=self.env, start_new_session=True, preexec_fn=_die_with_parent)
             code = self.proc.wait()
             if self.stopping.is_set():
@@ -199,6 +201,7 @@ def serve_cmd(host: str, port: int, repo: str, concurrency: int) -> None:
     import uvicorn
 
     from api.app import create_app
+    from api.readiness import EmbeddedWorkers
     from services.jobs.db import database_url
     from services.jobs.migrate import upgrade
     from services.repository.local import LocalModelRepository
@@ -226,7 +229,8 @@ def serve_cmd(host: str, port: int, repo: str, concurrency: int) -> None:
     argv = [sys.executable, "-c", "from cli.main import main; main()", "worker", "--concurrency", str(concurrency)]
     for e in engines:
         argv += ["--engine", e]
-    supervisor = _WorkerSupervisor(argv, env)
+    embedded = EmbeddedWorkers(engines, settings.embedded_start_seconds)
+    supervisor = _WorkerSupervisor(argv, env, embedded)
     supervisor.start()
     console.print(f"kiln serve: API on http://{host}:{port}, worker for {', '.join(engines)}, repository {repo}")
     if not settings.auth_enabled:
@@ -234,7 +238,7 @@ def serve_cmd(host: str, port: int, repo: str, concurrency: int) -> None:
             "kiln serve: auth is off: anyone on this machine is an admin; other sites' pages may not change anything"
         )
     try:
-        uvicorn.run(create_app(settings), host=host, port=port, proxy_headers=False)
+        uvicorn.run(create_app(settings, embedded=embedded), host=host, port=port, proxy_headers=False)
     finally:
         supervisor.stop()
 

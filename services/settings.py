@@ -185,6 +185,14 @@ class Settings(BaseSettings):
         "ENGINE_UNAVAILABLE (jobs are only accepted that way with the spec's wait_for_workers).",
     )
 
+    embedded_start_seconds: float = Field(
+        default=180.0,
+        gt=0,
+        description="`kiln serve`: seconds its own worker may take to start (after each restart). Meanwhile "
+        "/readyz answers 503 starting and jobs for its engines are accepted and wait; after that an engine "
+        "still missing is reported unavailable.",
+    )
+
     @model_validator(mode="after")
     def _refuse_unsafe_production(self) -> Settings:
         if self.environment is Environment.PRODUCTION:

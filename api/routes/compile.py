@@ -43,7 +43,8 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     503: {
         "model": ErrorPublic,
         "description": "SERVICE_UNAVAILABLE (broker down), ENGINE_UNAVAILABLE (an engine the job needs has no "
-        "live worker and the spec does not set wait_for_workers)",
+        "live worker and the spec does not set wait_for_workers; under `kiln serve` an engine whose own worker "
+        "is still starting is not refused: the job waits)",
     },
 }
 
@@ -126,6 +127,7 @@ async def submit(
             worker_max_age=request.app.state.worker_max_age,
             vet=settings.vet_uploads,
             idempotency=claim,
+            embedded=request.app.state.embedded,
         )
     except KeyTaken as taken:  # a repeat that raced the first attempt: that one recorded the job
         assert claim is not None
