@@ -37,6 +37,7 @@ from services.jobs.models import DEFAULT_TENANT
 from services.jobs.stores import JobStores
 from services.settings import Settings, get_settings
 from services.spec import CompileSpec
+from services.webhooks import WebhookPolicy, deliver_due
 from workers.maintenance import fail_unserved_once, worker_max_age
 
 log = logging.getLogger("kiln.api")
@@ -45,6 +46,8 @@ __all__ = ["create_app"]
 
 #: Seconds between removals of idempotency keys past their 24 hours.
 KEY_PURGE_INTERVAL = 3600.0
+#: Seconds between looks for due webhooks.
+WEBHOOK_POLL = 0.5
 
 DESCRIPTION = """\
 Kiln compiles a trained model for every serving engine a team deploys to, checks each
@@ -101,6 +104,16 @@ def create_app(
             except Exception:  # a database or broker blip must not end the loop
                 log.warning("sweep for unserved steps failed", exc_info=True)
 
+    async def deliver_webhooks() -> None:
+        # Webhooks go out from the API, never from the step that ended the job: a slow or dead
+        # receiver costs the job nothing. Any API process may send; claims keep them apart.
+        while True:
+            await asyncio.sleep(WEBHOOK_POLL)
+            try:
+                await run_in_threadpool(deliver_due, app.state.webhooks, settings)
+            except Exception:  # a database blip must not end the loop
+                log.warning("webhook delivery pass failed", exc_info=True)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> Any:
         if url.startswith("sqlite"):
@@ -108,13 +121,14 @@ def create_app(
         admin = settings.admin_token.get_secret_value()
         if admin and await run_in_threadpool(app.state.tokens.ensure_token, "admin", admin, ["admin"], DEFAULT_TENANT):
             log.info("admin token (KILN_ADMIN_TOKEN) is live as token 'admin'")
-        sweeper = asyncio.create_task(fail_unserved_steps())
+        tasks = [asyncio.create_task(fail_unserved_steps()), asyncio.create_task(deliver_webhooks())]
         try:
             yield
         finally:
-            sweeper.cancel()
-            with suppress(asyncio.CancelledError):
-                await sweeper
+            for task in tasks:
+                task.cancel()
+                with suppress(asyncio.CancelledError):
+                    await task
             app.state.scratch.close()
 
     # With auth on, the API description needs a token too ("every endpoint but the health
@@ -136,6 +150,8 @@ def create_app(
     state.jobs, state.steps, state.workers = stores.jobs, stores.steps, stores.workers
     state.tokens, state.sessions, state.model_names = stores.tokens, stores.sessions, stores.model_names
     state.idempotency = stores.idempotency
+    state.webhooks = stores.webhooks
+    state.webhook_policy = WebhookPolicy.from_settings(settings)
     state.session_keys = session_keys(settings)
     state.store = open_store(settings)
     state.repository = open_repository(settings)

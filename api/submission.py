@@ -32,10 +32,12 @@ from services.graph.planner import Plan, plan_routes
 from services.graph.registry import Registry, load_entry
 from services.jobs.idempotency import IdempotencyClaim
 from services.jobs.store import JobStore, NewJob
+from services.jobs.webhooks import WebhookStore
 from services.jobs.worker_registry import WorkerRegistry
 from services.pipeline.local import default_model_name
 from services.spec import CompileSpec, load_spec
 from services.storage.base import ArtifactStore
+from services.webhooks import WebhookPolicy, new_webhook, stored_spec
 from workers.queues import enqueue_steps
 
 __all__ = ["prepare_job", "resubmit", "start_job", "submit_job"]
@@ -119,11 +121,14 @@ def prepare_job(
     scratch_root: Path,
     live_engines: Collection[str] | None = None,
     vet: bool = True,
+    webhooks: WebhookPolicy | None = None,
 ) -> NewJob:
     """Validate, detect and plan ``upload`` and put its files in the store; return the job to record.
 
     ``live_engines``: the engines with a live worker; a job needing another is refused
     (ENGINE_UNAVAILABLE) unless its spec sets ``wait_for_workers``. None skips the check.
+    ``webhooks``: the operator's rules for the spec's notify (none: no internal networks,
+    no default secret).
     """
     spec_text = upload.fields.get("spec")
     if spec_text is None:
@@ -145,6 +150,7 @@ def prepare_job(
         )
     if calibration is not None:
         spec = spec.model_copy(update={"calibration": calibration.filename})
+    webhook = new_webhook(spec, webhooks or WebhookPolicy())
     scratch_root.mkdir(parents=True, exist_ok=True)
     default_name = default_model_name(model.path)  # while the file is there: it is moved into the store below
     with tempfile.TemporaryDirectory(prefix="detect-", dir=scratch_root) as tmp:
@@ -163,7 +169,7 @@ def prepare_job(
         store.put_dir(calibration_key, calibration.path.parent, move=True)
     return NewJob(
         name=spec.name or default_name,
-        spec=spec.model_dump(mode="json"),
+        spec=stored_spec(spec),
         plan=plan,
         source_key=source_key,
         source_sha256=model.sha256,
@@ -177,6 +183,7 @@ def prepare_job(
         use_cache=use_cache,
         owner=principal.name,
         tenant=principal.tenant,
+        webhook=webhook,
     )
 
 
@@ -195,6 +202,7 @@ def submit_job(
     vet: bool = True,
     idempotency: IdempotencyClaim | None = None,
     embedded: EmbeddedWorkers | None = None,
+    webhooks: WebhookPolicy | None = None,
 ) -> str:
     """Accept ``upload`` for ``principal``'s tenant: record the job with its first steps queued, enqueue them; return its id.
 
@@ -219,6 +227,7 @@ def submit_job(
             scratch_root=scratch_root,
             live_engines=live,
             vet=vet,
+            webhooks=webhooks,
         )
         advance = jobs.submit_job(new, any_names=principal.sees_all, idempotency=idempotency)
         start_job(jobs, celery_app, new.id, advance.queued)
@@ -251,13 +260,15 @@ def resubmit(
     principal: Principal,
     use_cache: bool,
     idempotency: IdempotencyClaim | None = None,
+    webhooks: WebhookPolicy | None = None,
 ) -> str:
     """Queue a new job on ``job_id``'s stored source with its spec, or ``spec``; return the new job's id.
 
     The source is already in the store under its content address, so nothing is uploaded or
     detected again; the new spec is validated and planned like an upload's. Only a job of
     ``principal``'s tenant can be resubmitted (an admin: any), and the new job stays in
-    that job's tenant. ``idempotency`` as for :func:`submit_job`.
+    that job's tenant. ``idempotency`` and ``webhooks`` as for :func:`submit_job` (without
+    ``webhooks``, the process's settings'); a webhook to the same URL keeps the job's secret.
     """
     old = jobs.get_job(job_id, principal.tenant_filter)
     if not store.exists(old.source_key):
@@ -272,10 +283,18 @@ def resubmit(
             errors=[{"field": "calibration", "problem": "no calibration file to reuse"}],
         )
     name = new_spec.name or old.name
+    webhook = None
+    if new_spec.notify is not None:
+        if webhooks is None:
+            from services.settings import get_settings
+
+            webhooks = WebhookPolicy.from_settings(get_settings())
+        previous = WebhookStore(jobs.db).secret_for(job_id, new_spec.notify.url)
+        webhook = new_webhook(new_spec, webhooks, previous)
     plan = plan_routes(Format(old.source_format), new_spec, registry, default_name=name)
     new = NewJob(
         name=name,
-        spec=new_spec.model_dump(mode="json"),
+        spec=stored_spec(new_spec),
         plan=plan,
         source_key=old.source_key,
         source_sha256=old.source_sha256,
@@ -289,6 +308,7 @@ def resubmit(
         use_cache=use_cache,
         owner=principal.name,
         tenant=old.tenant,
+        webhook=webhook,
     )
     advance = jobs.submit_job(new, any_names=principal.sees_all, idempotency=idempotency)
     start_job(jobs, celery_app, new.id, advance.queued)

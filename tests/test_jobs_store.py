@@ -23,6 +23,7 @@ from services.jobs.models import DashboardSession, IdempotencyKey, Job, JobStep
 from services.jobs.store import JobFilter, JobStore, NewJob
 from services.jobs.stores import JobStores
 from services.jobs.tokens import TokenStore, hash_token
+from services.jobs.webhooks import NewWebhook
 from services.spec import load_spec
 
 
@@ -678,3 +679,35 @@ def test_an_idempotency_key_lives_a_day_and_goes_with_its_job(jobs: JobStores) -
     assert first != second
     jobs.jobs.delete_job(second)
     assert jobs.idempotency.find("team-a", claim.key) is None
+
+
+@pytest.mark.parametrize(("events", "state"), [(["finished"], "due"), (["succeeded"], "not_sent")])
+def test_a_jobs_end_makes_its_webhook_due_only_for_the_events_it_asked_for(
+    jobs: JobStores, events: list[str], state: str
+) -> None:
+    spec = load_spec({"targets": ["onnxruntime"]})
+    name = f"hooked-{uuid.uuid4().hex[:8]}"
+    new = NewJob(
+        name=name,
+        spec=spec.model_dump(mode="json"),
+        plan=plan_routes(Format.ONNX, spec, default_name=name),
+        source_key="sources/abc",
+        source_sha256="ab" * 32,
+        source_filename="cnn.onnx",
+        source_format="onnx",
+        webhook=NewWebhook(url="https://hooks.example.com/k?token=t", events=events, secret="x" * 20),
+    )
+    jobs.jobs.submit_job(new)
+    assert jobs.webhooks.state(new.id) == {"state": "waiting", "event": None, "attempts": 0, "last_error": None}
+    assert new.id not in jobs.webhooks.due()
+    jobs.jobs.cancel_job(new.id)
+    assert jobs.webhooks.state(new.id)["state"] == state  # type: ignore[index]
+    assert (new.id in jobs.webhooks.due(limit=500)) == (state == "due")
+    if state == "due":
+        claim = jobs.webhooks.claim(new.id)
+        assert claim is not None and claim.attempt == 1 and claim.event == "cancelled"
+        assert jobs.webhooks.claim(new.id) is None  # held by the first sender
+        jobs.webhooks.failed(claim, "HTTP 502", retry_in=None)
+        assert jobs.webhooks.state(new.id)["state"] == "gave_up"  # type: ignore[index]
+        last = jobs.jobs.events(new.id)[-1]
+        assert last.type == "webhook_gave_up" and last.data["url"] == "https://hooks.example.com"

@@ -128,6 +128,7 @@ async def submit(
             vet=settings.vet_uploads,
             idempotency=claim,
             embedded=request.app.state.embedded,
+            webhooks=request.app.state.webhook_policy,
         )
     except KeyTaken as taken:  # a repeat that raced the first attempt: that one recorded the job
         assert claim is not None

@@ -333,6 +333,7 @@ async def resubmit_job(
             principal=principal,
             use_cache=True,
             idempotency=claim,
+            webhooks=request.app.state.webhook_policy,
         )
     except KeyTaken as taken:  # a repeat that raced the first attempt
         assert claim is not None

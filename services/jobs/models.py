@@ -34,6 +34,7 @@ __all__ = [
     "JobStep",
     "ModelName",
     "UTCDateTime",
+    "Webhook",
     "WorkerRecord",
     "utcnow",
 ]
@@ -242,3 +243,25 @@ class IdempotencyKey(Base):
     fingerprint: Mapped[str] = mapped_column(String(64))
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+
+
+class Webhook(Base):
+    """A job's webhook (the spec's ``notify``) and its delivery: waiting for the job's end, due, delivered or given up.
+
+    The secret is kept here, never in the job's spec. The job's final transition marks it
+    due; any API process delivers it (a claim with a lease keeps two from sending at once).
+    """
+
+    __tablename__ = "webhooks"
+    __table_args__ = (Index("ix_webhooks_state_next_at", "state", "next_at"),)
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    url: Mapped[str] = mapped_column(String(2048))
+    events: Mapped[list[Any]] = mapped_column(JSON)
+    secret: Mapped[str] = mapped_column(String(255))
+    state: Mapped[str] = mapped_column(String(16), default="waiting")  # waiting|due|delivered|gave_up|not_sent
+    event: Mapped[str | None] = mapped_column(String(16), nullable=True)  # the job's final status
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    claimed_until: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)

@@ -24,8 +24,18 @@ from services.graph.planner import Plan
 from services.jobs.database import JobDatabase, JobPlan, job_database
 from services.jobs.idempotency import IdempotencyClaim, claim_key
 from services.jobs.model_names import claim_names, published_names
-from services.jobs.models import DEFAULT_TENANT, FINAL_JOB_STATES, IdempotencyKey, Job, JobEvent, JobStep, utcnow
+from services.jobs.models import (
+    DEFAULT_TENANT,
+    FINAL_JOB_STATES,
+    IdempotencyKey,
+    Job,
+    JobEvent,
+    JobStep,
+    Webhook,
+    utcnow,
+)
 from services.jobs.scheduling import Advance, StepScheduler
+from services.jobs.webhooks import NewWebhook, mark_due, record_webhook
 from services.public_errors import public_error
 
 __all__ = ["JobFilter", "JobStore", "JobVersion", "NewJob"]
@@ -50,6 +60,7 @@ class NewJob:
     use_cache: bool = True
     owner: str | None = None
     tenant: str = DEFAULT_TENANT
+    webhook: NewWebhook | None = None  # the spec's notify, with its secret (kept out of ``spec``)
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
@@ -180,6 +191,8 @@ class JobStore:
             created_at=now,
         )
         s.add(job)
+        if new.webhook is not None:
+            record_webhook(s, new.id, new.webhook)
         rows = {}
         for i, step in enumerate(new.plan.steps):
             rows[step.id] = JobStep(
@@ -302,6 +315,7 @@ class JobStore:
             )
             self.db.add_event(s, job_id, "failed", error=body)
             self.db.add_event(s, job_id, "finished", status="failed", ok=False)
+            mark_due(s, job_id, "failed", now)
 
     def cancel_job(self, job_id: str, tenant: str | None = None) -> bool:
         """Cancel a job: open steps never run, running ones are stopped by their worker.
@@ -326,6 +340,7 @@ class JobStore:
             )
             self.db.add_event(s, job_id, "cancelled")
             self.db.add_event(s, job_id, "finished", status="cancelled", ok=False)
+            mark_due(s, job_id, "cancelled", now)
             return True
 
     # --- housekeeping ---------------------------------------------------------------------
@@ -335,6 +350,7 @@ class JobStore:
         self.db.forget_plan(job_id)
         with self.db.write() as s:
             s.execute(delete(IdempotencyKey).where(IdempotencyKey.job_id == job_id))
+            s.execute(delete(Webhook).where(Webhook.job_id == job_id))
             s.execute(delete(JobEvent).where(JobEvent.job_id == job_id))
             s.execute(delete(JobStep).where(JobStep.job_id == job_id))
             s.execute(delete(Job).where(Job.id == job_id))

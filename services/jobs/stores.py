@@ -11,6 +11,7 @@ from services.jobs.scheduling import StepScheduler
 from services.jobs.sessions import SessionStore
 from services.jobs.store import JobStore
 from services.jobs.tokens import TokenStore
+from services.jobs.webhooks import WebhookStore
 from services.jobs.worker_registry import WorkerRegistry
 
 __all__ = ["JobStores"]
@@ -28,6 +29,7 @@ class JobStores:
     sessions: SessionStore
     model_names: ModelNames
     idempotency: IdempotencyKeys
+    webhooks: WebhookStore
 
     @classmethod
     def open(cls, where: JobDatabase | str) -> JobStores:
@@ -41,4 +43,5 @@ class JobStores:
             sessions=SessionStore(db),
             model_names=ModelNames(db),
             idempotency=IdempotencyKeys(db),
+            webhooks=WebhookStore(db),
         )

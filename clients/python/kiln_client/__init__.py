@@ -28,6 +28,7 @@ __all__ = [
     "Step",
     "Target",
     "__version__",
+    "verify_webhook",
 ]
 
 __version__ = "0.1.0"
@@ -35,3 +36,4 @@ __version__ = "0.1.0"
 from kiln_client._client import FINAL_STATES, Client, Job, JobsPage
 from kiln_client._errors import KilnError
 from kiln_client._models import ErrorInfo, Event, JobInfo, Plan, PlanStep, Source, Step, Target
+from kiln_client._webhooks import verify_webhook
