@@ -4,6 +4,9 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 EXTRAS := onnxruntime,openvino,tensorflow,torch,paddle,mnn,mindspore,ncnn,tvm,service,dev
+# `make demo` installs only what it uses (benchmarks/bench_light_start.py measures it);
+# `make setup` and `make test` install the full set.
+DEMO_EXTRAS := onnxruntime,openvino
 # A real Triton server for tests/test_triton_server.py, in a venv of its own (its pins clash
 # with Kiln's: numpy<2, protobuf<7); onnxruntime and openvino run its test-only stand-in backends.
 TRITON_VENV := .venv-triton
@@ -48,7 +51,14 @@ $(PIPELINES_VENV)/.installed: clients/python/pyproject.toml
 	$(PIPELINES_VENV)/bin/pip install --quiet $(PIPELINES_PACKAGES) ./clients/python
 	touch $@
 
-demo: setup
+# A .venv that already has the full set serves the demo as it is.
+$(VENV)/.installed-demo: pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	test -f $(VENV)/.installed || { $(BIN)/pip install --quiet --upgrade pip && \
+		$(BIN)/pip install --quiet -c constraints.txt -e '.[$(DEMO_EXTRAS)]' && $(BIN)/pip check; }
+	touch $@
+
+demo: $(VENV)/.installed-demo
 	$(BIN)/kiln compile examples/tiny_cnn.onnx --target onnxruntime --target openvino \
 		--repo model-repository --name tiny-cnn
 
