@@ -27,6 +27,8 @@ SCRIPTS = (
     "bench_tensorrt_preflight.py",
     "bench_mnn.py",
     "bench_tvm.py",
+    "bench_parity_bounds.py",  # fetches real models from PyPI (benchmarks/real_models.py)
+    "bench_parity_cost.py",
     "bench_service.py",  # needs Redis and PostgreSQL on loopback, and wrk
     "bench_dashboard.py",  # needs Redis and PostgreSQL on loopback, and wrk
 )

@@ -48,6 +48,7 @@ INPUT_CODES = frozenset(
         "UNSAFE_INPUT",
         "NO_ROUTE",
         "INVALID_SETTINGS",
+        "SOURCE_NONFINITE",
     }
 )
 

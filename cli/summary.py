@@ -70,7 +70,9 @@ def fmt_parity(parity: Mapping[str, Any] | None) -> str:
     worst_abs = max(float(o["max_abs"]) for o in outs)
     worst_cos = min(float(o["cosine"]) for o in outs)
     top1 = [o["top1"] for o in outs if o.get("top1") is not None]
+    snr = [float(o["snr_db"]) for o in outs if o.get("snr_db") is not None]
     text = f"{'ok' if parity.get('passed') else 'FAIL'} abs {worst_abs:.1e} cos {worst_cos:.5f}"
+    text += f" snr {min(snr):.1f}dB" if snr else ""
     return text + (f" top1 {min(top1):.0%}" if top1 else "")
 
 

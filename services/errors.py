@@ -25,6 +25,7 @@ __all__ = [
     "RepositoryConflict",
     "ServiceUnavailable",
     "SlowerThanFp32",
+    "SourceNonfinite",
     "SourceUnreadable",
     "StorageFull",
     "Timeout",
@@ -92,6 +93,16 @@ class UnsupportedFormat(KilnError):
 class SourceUnreadable(KilnError):
     code = "SOURCE_UNREADABLE"
     default_hint = "The file looks truncated or corrupt; re-export it from the training framework."
+
+
+class SourceNonfinite(KilnError):
+    """The source gives no finite number on an output: nothing an artifact gives could be checked against it."""
+
+    code = "SOURCE_NONFINITE"
+    default_hint = (
+        "The source model gives no finite outputs on these inputs, so no artifact can be verified against it: "
+        "give real sample data (`calibration`), or value ranges for the inputs (`inputs.<name>.range`)."
+    )
 
 
 class UnsafeInput(KilnError):
@@ -228,6 +239,7 @@ HTTP_STATUS: dict[str, int] = {
     "UNSUPPORTED_FORMAT": 415,
     "SOURCE_UNREADABLE": 400,
     "UNSAFE_INPUT": 400,
+    "SOURCE_NONFINITE": 422,
     "UPLOAD_TOO_LARGE": 413,
     "NO_ROUTE": 422,
     "ENGINE_UNAVAILABLE": 503,

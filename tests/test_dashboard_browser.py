@@ -201,8 +201,10 @@ def test_submit_by_keyboard_goes_live_queued_running_succeeded(service: Service,
 def test_failing_target_shows_its_error_card(service: Service, page: Any, cnn_onnx: Path) -> None:
     from playwright.sync_api import expect
 
-    # fp16 with zero tolerance for elementwise error: the parity check must fail.
-    spec = {"targets": ["onnxruntime"], "precision": "fp16", "name": "strict", "tolerances": {"atol": 0, "rtol": 0}}
+    # fp16 with zero tolerance for elementwise error and an SNR only fp32 reaches: the parity
+    # check must fail, and the first node whose output fp16 rounding moves is named.
+    strict = {"atol": 0, "rtol": 0, "min_snr_db": 100}
+    spec = {"targets": ["onnxruntime"], "precision": "fp16", "name": "strict", "tolerances": strict}
     r = submit(service.base, cnn_onnx, {**spec, **FAST}, params={"cache": "false"})
     assert r.status_code == 202, r.text
     job_id = r.json()["id"]
@@ -212,6 +214,7 @@ def test_failing_target_shows_its_error_card(service: Service, page: Any, cnn_on
     expect(page.get_by_test_id("job-status")).to_contain_text("failed")
     expect(card.get_by_role("link", name="Open the log")).to_have_attribute("href", f"/ui/jobs/{job_id}/log")
     expect(page.locator("tr.bad").first).to_be_visible()  # the output over its bound, marked in words too
+    expect(card.get_by_test_id("divergent-node")).to_contain_text("First divergent node:")
     screenshot(page, "job-failed")
     page.goto(f"{service.base}/ui/jobs/{job_id}/log")
     log = page.get_by_test_id("log")

@@ -36,8 +36,20 @@ CALIBRATION_ROWS = 32
 #: 50%-88% over ten near-tied classes (this draw: 0.961 / 0.962 / 0.961, top-1 >= 62%).
 #: Per-channel vs per-tensor weights, ORT's Percentile calibration and NNCF's other range
 #: estimators moved these by less than the draw-to-draw spread (see the exporters). The
-#: default bounds (0.98, 75%) cannot hold for any engine, so this test states its own.
-INT8_TOLERANCES = {"min_cosine": 0.94, "min_top1": 0.5}
+#: default bounds cannot hold for any engine, so this test states its own.
+#: Parity now takes the worst sample and adds centred measures (services/validation/metrics.py).
+#: Measured on this model (2026-12-02): 8-bit pixels alone give worst-sample SNR 6.5 dB,
+#: Pearson 0.955, scale 0.944, cosine 0.979, top-1 81%; the int8 artifacts give SNR 2.2-3.6 dB,
+#: Pearson 0.85-0.87, scale 0.68-0.78, cosine 0.92-0.94 (weight-only tfserving: 10.8 dB, 0.977,
+#: 0.941, 0.984, which meets the int8 defaults). The bounds below sit under those numbers; the
+#: default int8 bounds are shown to hold on real pretrained models in tests/test_real_models.py.
+INT8_TOLERANCES = {
+    "min_cosine": 0.9,
+    "min_top1": 0.5,
+    "min_pearson": 0.8,
+    "min_snr_db": 1.0,
+    "max_scale_error": 0.4,
+}
 
 
 def natural_images(n: int, seed: int) -> np.ndarray:
@@ -133,7 +145,8 @@ def test_fp16_every_cpu_engine(mobilenet: Path, calibration: Path, shared_store,
     for name, target in result.targets.items():
         assert target.status == "succeeded", (name, target.error)
         out = target.parity["outputs"][0]
-        assert target.parity["samples"] == CALIBRATION_ROWS // 4 and target.parity["inputs_from"] == "calibration"
+        assert target.parity["samples_per_shape"][0] == CALIBRATION_ROWS // 4
+        assert target.parity["inputs_from"] == "calibration"
         assert out["name"] == "predictions" and out["within_allclose"], (name, out)
         assert out["cosine"] >= tol.min_cosine and out["top1"] >= tol.min_top1, (name, out)
         assert 0 < out["max_abs"] < tol.atol, (name, out)  # fp16 weights really changed the numbers
@@ -177,7 +190,7 @@ def test_int8_every_cpu_engine(mobilenet: Path, calibration: Path, shared_store,
     parity = {}
     for name, target in result.targets.items():
         assert target.status == "succeeded", (name, target.error)
-        assert target.parity["samples"] == CALIBRATION_ROWS // 4
+        assert target.parity["samples_per_shape"][0] == CALIBRATION_ROWS // 4
         parity[name] = target.parity["outputs"][0]
         assert parity[name]["cosine"] >= INT8_TOLERANCES["min_cosine"], (name, parity[name])
         assert parity[name]["top1"] >= INT8_TOLERANCES["min_top1"], (name, parity[name])
@@ -189,6 +202,8 @@ def test_int8_every_cpu_engine(mobilenet: Path, calibration: Path, shared_store,
     # tfserving's int8 is weight-only (float activations): it meets the default int8 bounds.
     default = DEFAULT_TOLERANCES[Precision.INT8]
     assert parity["tfserving"]["cosine"] >= default.min_cosine and parity["tfserving"]["top1"] >= default.min_top1
+    assert parity["tfserving"]["pearson"] >= default.min_pearson and parity["tfserving"]["snr_db"] >= default.min_snr_db
+    assert abs(parity["tfserving"]["scale"] - 1) <= default.max_scale_error
 
     # Every artifact really is int8, calibrated on the file's 24 non-parity rows.
     for name, size in _bytes_per_parameter(result, mobilenet).items():

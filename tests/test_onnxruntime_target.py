@@ -78,7 +78,7 @@ def test_int8_with_calibration_file_and_cache(
     first = _compile(cnn_onnx, store, repository, "int8", calibration=str(calib))
     assert first.targets["onnxruntime"].status == "succeeded"
     assert first.targets["onnxruntime"].parity["inputs_from"] == "calibration"
-    assert first.targets["onnxruntime"].parity["samples"] == 3  # rows 3, 7, 11 held out for parity
+    assert first.targets["onnxruntime"].parity["samples_per_shape"][0] == 3  # rows 3, 7, 11 held out for parity
     manifest = json.loads((repo_dir / "triton" / "m" / "1" / "kiln-manifest.json").read_text())
     assert manifest["engine_details"]["int8"]["calibration_data"] == "calibration file"
     assert manifest["engine_details"]["int8"]["samples"] == 9

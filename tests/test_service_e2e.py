@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 import os
 import signal
 import tarfile
@@ -306,3 +307,27 @@ def test_the_same_flow_passes_in_the_embedded_default(embedded: tuple[str, Proc,
     again = wait_job(base, submit(base, cnn_onnx, SPEC).json()["id"])
     ran = [s for s in again["steps"] if not (s["report"] or {}).get("not_needed")]  # fallback routes left unused
     assert again["cached"] is True and all(s["cached"] for s in ran), [(s["id"], s["cached"]) for s in ran]
+
+
+def test_post_compile_refuses_a_broken_artifact_with_the_numbers(cluster: Cluster, tmp_path: Path) -> None:
+    """The API plans through the saboteur (tests/verifier_support.py); the cluster's real workers run it."""
+    from fastapi.testclient import TestClient
+    from verifier_support import conv_net, saboteur_registry
+
+    from api.app import create_app
+    from services.settings import Settings
+    from workers.app import create_celery_app
+
+    env = {k: v for k, v in cluster.env.items() if k != "test_gate"}
+    settings = Settings(cache_dir=cluster.root / "sabotage-cache", **env)
+    model = conv_net(tmp_path / "net.onnx")
+    with TestClient(create_app(settings, create_celery_app(settings), registry=saboteur_registry())) as client:
+        with open(model, "rb") as fh:
+            spec = {"targets": ["onnxruntime"], "name": "sabotage-bias", "benchmark": False}
+            r = client.post("/compile", files={"model": ("net.onnx", fh), "spec": (None, json.dumps(spec))})
+        assert r.status_code == 202, r.text
+        job = _wait_in_process(client, r.json()["id"])
+    target = job["targets"]["onnxruntime"]
+    assert job["status"] == "failed" and target["error"]["code"] == "PARITY_FAILED", target
+    out = target["error"]["details"]["parity"]["outputs"][0]
+    assert out["snr_db"] < 1.0 and "SNR" in target["error"]["message"]

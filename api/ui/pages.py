@@ -15,7 +15,7 @@ from api.routes.jobs import job_log_lines
 from api.schemas import JobPublic
 from api.ui.charts import benchmark_chart
 from api.ui.session import error_page, render, render_page, viewer
-from api.ui.views import job_grid, output_headroom, waiting_reason
+from api.ui.views import divergent_node, job_grid, output_headroom, waiting_reason
 from api.views import job_public
 from services.descriptors import registry
 from services.errors import NotFound
@@ -159,6 +159,7 @@ def job_context(request: Request, who: Principal, job_id: str) -> dict[str, Any]
             {
                 "target": t,
                 "headroom": output_headroom(t.parity),
+                "divergent": divergent_node(t.parity),
                 "chart": benchmark_chart(t.benchmark, f"{t.target}: latency per batch size (ms)")
                 if t.benchmark
                 else None,

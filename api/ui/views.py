@@ -19,6 +19,7 @@ __all__ = [
     "GridRow",
     "OutputHeadroom",
     "compare_points",
+    "divergent_node",
     "job_grid",
     "output_headroom",
     "pareto_front",
@@ -99,12 +100,44 @@ def output_headroom(parity: dict[str, Any] | None) -> list[OutputHeadroom]:
         min_cos = tol.get("min_cosine")
         if o.get("cosine") is not None:
             used = _used(1 - o["cosine"], 1 - min_cos) if min_cos is not None else None
-            out.append(OutputHeadroom(name, "cosine", o["cosine"], min_cos, used, used is None or used <= 1))
+            out.append(
+                OutputHeadroom(name, "cosine (worst sample)", o["cosine"], min_cos, used, used is None or used <= 1)
+            )
+        min_r = tol.get("min_pearson")
+        if o.get("pearson") is not None:
+            used = _used(1 - o["pearson"], 1 - min_r) if min_r is not None else None
+            out.append(
+                OutputHeadroom(name, "Pearson (worst sample)", o["pearson"], min_r, used, used is None or used <= 1)
+            )
+        min_snr = tol.get("min_snr_db")
+        if o.get("snr_db") is not None:
+            # Headroom in noise power: at the bound the error's power is 10^(-bound/10) of the signal's.
+            used = 10 ** ((min_snr - o["snr_db"]) / 10) if min_snr is not None else None
+            out.append(
+                OutputHeadroom(name, "SNR dB (worst sample)", o["snr_db"], min_snr, used, used is None or used <= 1)
+            )
+        max_scale = tol.get("max_scale_error")
+        if o.get("scale") is not None:
+            used = _used(abs(o["scale"] - 1), max_scale) if max_scale is not None else None
+            out.append(
+                OutputHeadroom(name, "scale (slope, ideal 1)", o["scale"], max_scale, used, used is None or used <= 1)
+            )
+        max_bias = tol.get("max_bias")
+        if o.get("bias") is not None:
+            used = _used(abs(o["bias"]), max_bias) if max_bias is not None else None
+            out.append(OutputHeadroom(name, "bias (std devs)", o["bias"], max_bias, used, used is None or used <= 1))
         min_top1 = tol.get("min_top1")
         if o.get("top1") is not None:
             used = _used(1 - o["top1"], 1 - min_top1) if min_top1 is not None else None
-            out.append(OutputHeadroom(name, "top-1 agreement", o["top1"], min_top1, used, used is None or used <= 1))
+            label = f"top-1 agreement ({o.get('top1_positions') or '?'} positions)"
+            out.append(OutputHeadroom(name, label, o["top1"], min_top1, used, used is None or used <= 1))
     return out
+
+
+def divergent_node(parity: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Return the localisation of a parity report when it names a node (for the error card)."""
+    loc = (parity or {}).get("localization") or {}
+    return loc if loc.get("node") else None
 
 
 @dataclass

@@ -16,8 +16,10 @@ from services.pipeline.context import StepContext
 from services.pipeline.host_gate import host_alone
 from services.pipeline.reference import ReferenceData, load_reference
 from services.runners import ModelRunner, open_runner
-from services.spec import Precision
+from services.spec import Precision, Tolerances
 from services.validation import check_parity
+from services.validation.localize import describe
+from services.validation.parity import ParityReport
 
 __all__ = ["adapt_feed", "calibration_feeds", "calibration_warnings", "finish_export"]
 
@@ -51,6 +53,37 @@ def _spelling(name: str) -> str:
     return re.sub(r"[^0-9a-z]", "", name.lower())
 
 
+def shapes_to_check(ref: ReferenceData, runner: ModelRunner) -> tuple[set[int], str | None]:
+    """Return the reference's shapes the artifact accepts, and a warning when it is fixed to fewer.
+
+    An artifact whose inputs fix an axis the source leaves open (onnx2tf's fixed-shape
+    fallback, an engine built for one shape) is checked where it can run and says so; one
+    that declares the axis open must run every shape the source ran, or it fails parity.
+    """
+    groups = set(ref.shape_of) or {0}
+    if len(ref.shapes) <= 1:
+        return groups, None
+    declared = {t.name: t.shape for t in runner.inputs}
+    spelled = {_spelling(n): s for n, s in declared.items()}
+    accepted = set()
+    for g in groups:
+        shape = ref.shapes[g]
+        ok = True
+        for name, dims in shape.items():
+            have = declared.get(name) or spelled.get(_spelling(name))
+            if have is not None and len(have) == len(dims):
+                ok = ok and all(h is None or h == d for h, d in zip(have, dims, strict=True))
+        if ok or g == 0:
+            accepted.add(g)
+    if accepted == groups:
+        return groups, None
+    skipped = [ref.shapes[g] for g in sorted(groups - accepted)]
+    return accepted, (
+        f"fixed-shape artifact: its inputs are { ({n: list(s) for n, s in declared.items()}) }, so parity was checked "
+        f"at {ref.shapes[0]} only; the source also runs {skipped}, which this artifact does not accept"
+    )
+
+
 def calibration_feeds(ref: ReferenceData) -> tuple[list[dict[str, np.ndarray]], str]:
     """Return the samples int8 calibration uses (never the parity samples) and where they came from."""
     return ref.calibration, ref.calibration_from
@@ -64,6 +97,46 @@ def calibration_warnings(label: str) -> list[str]:
             "inputs; give `calibration` (an .npz of real inputs) for a trustworthy int8 artifact"
         ]
     return []
+
+
+def _localize(
+    ctx: StepContext,
+    fmt: Format,
+    artifact: Path,
+    feeds: list[dict[str, np.ndarray]],
+    parity: ParityReport,
+    tol: Tolerances,
+) -> dict[str, Any] | None:
+    """Return where the artifact first drifts from the fp32 ONNX graph it was exported from (None: not ONNX-family).
+
+    Runs on the feed holding the worst sample of the worst output. A failure here is
+    reported in the result, never in place of the parity verdict.
+    """
+    model = ctx.inputs.get("model")
+    if model is None or model.kind != Format.ONNX.value or fmt not in (Format.ONNX, Format.OPENVINO_IR):
+        return None
+    from services.validation.localize import localize_divergence
+
+    worst = min(parity.outputs, key=lambda o: o.snr_db if o.snr_db is not None else float("inf"), default=None)
+    row = worst.worst_sample if worst is not None and worst.worst_sample is not None else 0
+    feed = feeds[min(_feed_of_row(feeds, row), len(feeds) - 1)] if feeds else {}
+    ctx.progress("parity: looking for the first node that drifts from the fp32 graph")
+    try:
+        return localize_divergence(model.path, artifact, fmt, feed, tol)
+    except Exception as exc:  # a tool error must not hide the verdict it was asked to explain
+        return {"node": None, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+
+
+def _feed_of_row(feeds: list[dict[str, np.ndarray]], row: int) -> int:
+    """Return the index of the feed holding sample ``row`` (samples are the rows of each feed's batch axis)."""
+    seen = 0
+    for i, feed in enumerate(feeds):
+        first = next(iter(feed.values()), None)
+        n = int(first.shape[0]) if first is not None and first.ndim >= 2 and first.shape[0] > 1 else 1
+        if row < seen + n:
+            return i
+        seen += n
+    return len(feeds) - 1
 
 
 def _against_fp32(
@@ -117,20 +190,33 @@ def finish_export(
     runner = open_runner(fmt, ctx.out_dir / entry, **(runner_options or {}))
     try:
         ctx.progress(f"checking parity on {ref.samples} samples")
-        actual = [runner.run(adapt_feed(feed, runner)) for feed in ref.inputs]
+        checked, fixed = shapes_to_check(ref, runner)
+        if fixed:
+            warnings = [*(warnings or []), fixed]
+        use = [i for i, g in enumerate(ref.shape_of) if g in checked]
+        actual = [runner.run(adapt_feed(ref.inputs[i], runner)) for i in use]
         tol = ctx.spec.tolerances_for(precision)
         parity = check_parity(
             actual,
-            ref.outputs,
+            [ref.outputs[i] for i in use],
             tol,
             inputs_from=ref.inputs_from,
             output_order=[t.name for t in runner.outputs],
             expected_order=ref.output_names,
             raise_on_failure=False,
+            class_axes=ctx.spec.validation.class_axis,
         )
+        parity.input_provenance = ref.input_provenance
+        parity.shapes = [ref.shapes[g] for g in sorted(checked) if g < len(ref.shapes)]
+        parity.samples_per_shape = [sum(1 for i in use if ref.shape_of[i] == g) for g in sorted(checked)]
+        if not parity.passed or ctx.spec.validation.localize:
+            parity.localization = _localize(ctx, fmt, ctx.out_dir / entry, [ref.inputs[i] for i in use], parity, tol)
         if not parity.passed:
+            where = describe(parity.localization)
             raise ParityFailed(
-                f"{ctx.step.target} {precision.value} artifact differs from the source: " + "; ".join(parity.failures),
+                f"{ctx.step.target} {precision.value} artifact differs from the source: "
+                + "; ".join(parity.failures)
+                + (f"; {where}" if where else ""),
                 hint=parity.hint(),
                 parity=parity.to_dict(),
                 target=ctx.step.target,

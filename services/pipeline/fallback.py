@@ -196,11 +196,18 @@ def all_routes_failed(r: TargetRouting) -> dict[str, Any] | None:
     # The first route's own hint (e.g. "use fp32, fp16 or int8") is what the user acts on.
     first_hint = ((tried[0].error or {}).get("hint") or "").strip()
     where = "Each route's error is in details.attempts; the first route's tool output is in the job log."
+    details: dict[str, Any] = {"attempts": [a.to_dict() for a in tried]}
+    # The first route's parity numbers, when parity ended it: what the job's parity table shows.
+    parity = next(
+        (((a.error or {}).get("details") or {}).get("parity") for a in tried if a.code == "PARITY_FAILED"), None
+    )
+    if parity:
+        details["parity"] = parity
     return {
         "code": tried[-1].code,
         "message": f"every route to {r.target} failed: {said}",
         "hint": f"Route 1: {first_hint} {where}" if first_hint else where,
-        "details": {"attempts": [a.to_dict() for a in tried]},
+        "details": details,
     }
 
 

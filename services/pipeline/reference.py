@@ -17,13 +17,20 @@ from typing import Any
 import numpy as np
 
 from services.artifacts import Artifact
+from services.errors import InvalidSpec, SourceNonfinite
 from services.formats import Format
 from services.pipeline.context import StepContext
 from services.runners import ModelRunner, TensorSpec, open_runner
 from services.validation import load_calibration, make_validation_inputs
-from services.validation.inputs import check_spec_inputs
+from services.validation.inputs import (
+    ParityInputs,
+    add_other_shapes,
+    calibration_parity_inputs,
+    check_spec_inputs,
+    make_parity_inputs,
+)
 
-__all__ = ["ReferenceData", "load_reference", "run_reference_step", "source_runner"]
+__all__ = ["ReferenceData", "load_reference", "refuse_nonfinite", "run_reference_step", "source_runner"]
 
 
 def source_runner(ctx: StepContext) -> ModelRunner:
@@ -62,38 +69,92 @@ HOLD_OUT = 4
 
 def _split_samples(
     runner: ModelRunner, ctx: StepContext, calibration: dict[str, np.ndarray] | None
-) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]], str, str]:
-    """Return (parity feeds, calibration feeds, where parity feeds came from, where calibration came from)."""
+) -> tuple[ParityInputs, list[dict[str, np.ndarray]], str]:
+    """Return (parity inputs, calibration feeds, where calibration came from)."""
+    bounds = runner.input_bounds()
     if calibration is not None:
         rows, _ = make_validation_inputs(runner.inputs, ctx.spec, calibration)
         if len(rows) >= HOLD_OUT:
-            parity = [r for i, r in enumerate(rows) if i % HOLD_OUT == HOLD_OUT - 1]
+            held = [r for i, r in enumerate(rows) if i % HOLD_OUT == HOLD_OUT - 1]
             calib = [r for i, r in enumerate(rows) if i % HOLD_OUT != HOLD_OUT - 1]
-            return parity, calib, "calibration", "calibration file"
-        return rows, rows, "calibration", "calibration file (too few rows to hold any out for parity)"
-    parity, inputs_from = make_validation_inputs(runner.inputs, ctx.spec)
-    other = ctx.spec.model_copy(
-        update={
-            "validation": ctx.spec.validation.model_copy(
-                update={"seed": ctx.spec.validation.seed + 1, "samples": max(16, ctx.spec.validation.samples)}
-            )
-        }
-    )
-    calib, _ = make_validation_inputs(runner.inputs, other)
-    return parity, calib, inputs_from, f"generated samples, not real data (seed {ctx.spec.validation.seed + 1})"
+            label = "calibration file"
+        else:
+            held, calib, label = rows, rows, "calibration file (too few rows to hold any out for parity)"
+        parity = calibration_parity_inputs(held, runner.inputs, ctx.spec)
+        add_other_shapes(parity, runner.inputs, ctx.spec, bounds)
+        return parity, calib, label
+    parity = make_parity_inputs(runner.inputs, ctx.spec, bounds)
+    seed = ctx.spec.validation.seed + 1
+    calib = make_parity_inputs(
+        runner.inputs, ctx.spec, bounds, seed=seed, samples=max(16, ctx.spec.validation.samples), extra_shapes=False
+    ).feeds
+    return parity, calib, f"generated samples, not real data (seed {seed})"
+
+
+def _run_source(runner: ModelRunner, parity: ParityInputs, ctx: StepContext) -> list[dict[str, np.ndarray]]:
+    """Run the source on every parity feed; a shape besides the first that the source refuses is dropped, noted."""
+    outputs: dict[int, dict[str, np.ndarray]] = {}
+    failed: dict[int, str] = {}
+    for i, (feed, group) in enumerate(zip(parity.feeds, parity.shape_of, strict=True)):
+        if group in failed:
+            continue
+        if group == 0:
+            outputs[i] = runner.run(feed)
+            continue
+        try:
+            outputs[i] = runner.run(feed)
+        except Exception as exc:  # the engine's own error type: this shape is not one the source runs
+            failed[group] = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+    kept = [outputs[i] for i, g in enumerate(parity.shape_of) if g not in failed]
+    for group, why in failed.items():
+        parity.provenance[f"shape {group}"] = f"{parity.shapes[group]} not checked: the source does not run it ({why})"
+        ctx.progress(f"the source does not run at {parity.shapes[group]}: checking at the first shape only")
+        parity.drop_shape(group)
+    return kept
+
+
+def refuse_nonfinite(outputs: list[dict[str, np.ndarray]], inputs_from: str) -> None:
+    """Refuse (SOURCE_NONFINITE) a source with an output that is NaN or infinite on every sample.
+
+    Parity compares only values both sides give as numbers: such an output would leave
+    nothing to compare, and an artifact of it would pass any bound by comparing nothing.
+    """
+    dead = []
+    for name in outputs[0] if outputs else ():
+        values = [np.asarray(o[name]) for o in outputs]
+        if not any(np.isfinite(v).any() for v in values if v.size and v.dtype.kind in "fc") and any(
+            v.size and v.dtype.kind in "fc" for v in values
+        ):
+            dead.append(name)
+    if dead:
+        raise SourceNonfinite(
+            f"the source model gives no finite outputs on these inputs: every value of {dead} is NaN or infinite "
+            f"on all {len(outputs)} samples ({inputs_from})",
+            outputs=dead,
+        )
 
 
 def run_reference_step(ctx: StepContext) -> Artifact:
     """Compute the signature, parity inputs and source outputs; return the reference artifact."""
     runner = source_runner(ctx)
     check_spec_inputs(runner.inputs, ctx.spec)
+    unknown = sorted(set(ctx.spec.validation.class_axis) - {t.name for t in runner.outputs})
+    if unknown:
+        raise InvalidSpec(
+            f"validation.class_axis names {unknown}, which are not outputs of the model",
+            hint=f"Key it by the model's output names: {[t.name for t in runner.outputs]}.",
+        )
     calibration = None
     if ctx.spec.calibration:
         calibration = load_calibration(ctx.extras.get("calibration_path", ctx.spec.calibration), runner.inputs)
-    feeds, calib, inputs_from, calibration_from = _split_samples(runner, ctx, calibration)
-    ctx.progress(f"running the {ctx.source.format.value} source on {len(feeds)} samples ({inputs_from})")
-    outputs = [runner.run(feed) for feed in feeds]
+    parity, calib, calibration_from = _split_samples(runner, ctx, calibration)
+    inputs_from = parity.inputs_from
+    shapes = f" at {len(parity.shapes)} shapes" if len(parity.shapes) > 1 else ""
+    ctx.progress(f"running the {ctx.source.format.value} source on {len(parity.feeds)} samples{shapes} ({inputs_from})")
+    outputs = _run_source(runner, parity, ctx)
     runner.close()
+    refuse_nonfinite(outputs, inputs_from)
+    feeds = parity.feeds
     out = ctx.out_dir
     _save(out / "inputs.npz", _pack(feeds))
     _save(out / "outputs.npz", _pack(outputs))
@@ -113,6 +174,9 @@ def run_reference_step(ctx: StepContext) -> Artifact:
             "calibration_from": calibration_from,
             "source_format": ctx.source.format.value,
             "signature": signature,
+            "shape_of": parity.shape_of,
+            "shapes": parity.shapes,
+            "input_provenance": parity.provenance,
         },
     )
 
@@ -133,6 +197,10 @@ class ReferenceData:
         self.outputs = _load(artifact.root / "outputs.npz", self.samples)
         self.calibration_from: str = meta["calibration_from"]
         self.calibration = _load(artifact.root / "calibration.npz", meta["calibration_samples"])
+        # Which shape each sample was made at (0: the first); references from before had one shape.
+        self.shape_of: list[int] = list(meta.get("shape_of") or [0] * self.samples)
+        self.shapes: list[dict[str, list[int]]] = list(meta.get("shapes") or [])
+        self.input_provenance: dict[str, str] = dict(meta.get("input_provenance") or {})
 
     @property
     def output_names(self) -> list[str]:

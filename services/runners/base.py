@@ -14,7 +14,7 @@ from services.descriptors import registry
 from services.errors import EngineUnavailable
 from services.formats import Format
 
-__all__ = ["ModelRunner", "TensorSpec", "open_runner", "register_runner"]
+__all__ = ["InputBound", "ModelRunner", "TensorSpec", "open_runner", "register_runner"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,14 @@ class TensorSpec:
         return cls(d["name"], d["dtype"], tuple(d["shape"]))
 
 
+@dataclass(frozen=True)
+class InputBound:
+    """Valid values of an integer input read from the model: ``[0, high)`` (a vocabulary), and where from."""
+
+    high: int
+    why: str
+
+
 class ModelRunner(abc.ABC):
     """A loaded model that maps named numpy inputs to named numpy outputs."""
 
@@ -52,6 +60,10 @@ class ModelRunner(abc.ABC):
         boundary (TFLite's scaled int8 tensors) reports the stored dtypes here instead.
         """
         return {"inputs": [t.to_dict() for t in self.inputs], "outputs": [t.to_dict() for t in self.outputs]}
+
+    def input_bounds(self) -> dict[str, InputBound]:
+        """Return the valid range of integer inputs the model itself states (token ids: its vocabulary)."""
+        return {}
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release engine resources."""

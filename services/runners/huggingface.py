@@ -39,7 +39,7 @@ import numpy as np
 
 from services.errors import EngineUnavailable, InvalidSpec, SourceUnreadable, UnsafeInput, UnsupportedFormat
 from services.formats.huggingface import HuggingFaceCheckpoint, choose_task, stage_checkpoint, vet_checkpoint
-from services.runners.base import ModelRunner, TensorSpec
+from services.runners.base import InputBound, ModelRunner, TensorSpec
 from services.runners.torch import dynamic_axes_of, torch_dtype_name
 
 if TYPE_CHECKING:
@@ -301,6 +301,17 @@ class HuggingFaceRunner(ModelRunner):
             else:
                 shape.append(int(next(fill)))
         return TensorSpec(name, dtype, tuple(shape))
+
+    def input_bounds(self) -> dict[str, InputBound]:
+        config = self.model.config
+        bounds = {}
+        vocab = int(getattr(config, "vocab_size", 0) or 0)
+        if vocab > 0 and "input_ids" in self._natural:
+            bounds["input_ids"] = InputBound(vocab, f"config.json's vocab_size ({vocab})")
+        types = int(getattr(config, "type_vocab_size", 0) or 0)
+        if types > 0 and "token_type_ids" in self._natural:
+            bounds["token_type_ids"] = InputBound(types, f"config.json's type_vocab_size ({types})")
+        return bounds
 
     def example_inputs(
         self, batch: int = EXAMPLE_BATCH, sequence: int = EXAMPLE_SEQUENCE, past: int = EXAMPLE_PAST

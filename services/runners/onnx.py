@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from services.errors import SourceUnreadable
-from services.runners.base import ModelRunner, TensorSpec
+from services.runners.base import InputBound, ModelRunner, TensorSpec
 
 __all__ = ["ORT_DTYPES", "OnnxRuntimeRunner"]
 
@@ -50,12 +50,18 @@ class OnnxRuntimeRunner(ModelRunner):
         elif optimization == "basic":
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         opts.log_severity_level = 3
+        self.path = Path(path)
         try:
             self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         except Exception as exc:  # ORT raises its own exception types for bad graphs
             raise SourceUnreadable(f"onnxruntime cannot load {Path(path).name}: {exc}") from exc
         self.inputs = [_spec(a) for a in self.session.get_inputs()]
         self.outputs = [_spec(a) for a in self.session.get_outputs()]
+
+    def input_bounds(self) -> dict[str, InputBound]:
+        from services.runners.onnx_bounds import onnx_input_bounds
+
+        return onnx_input_bounds(self.path)
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         names = [o.name for o in self.outputs]

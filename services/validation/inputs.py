@@ -1,21 +1,37 @@
-"""Inputs for parity checks and calibration: the spec's .npz, else seeded random samples."""
+"""Inputs for parity checks and calibration: the spec's .npz, else seeded samples that exercise the model.
+
+Generated samples are made to reach the parts of a model a converter can break: an
+attention mask pads part of every sample but the first (a masking bug shows only there),
+token ids span the model's whole vocabulary (:meth:`ModelRunner.input_bounds`), token-type
+ids take both segment values, floats follow the spec's ``inputs.<name>.range``; and a model
+with open axes is checked at a second shape (the profile's min and max, else twice the
+first size of each open axis), so a graph specialised to one shape cannot pass. Every input's
+provenance is recorded (:class:`ParityInputs`) and reaches the manifest.
+"""
 
 from __future__ import annotations
 
 import zipfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from services.errors import InvalidSpec
-from services.runners.base import TensorSpec
-from services.spec import MEMORY_HINT, CompileSpec, allocation_problem, input_bytes
+from services.runners.base import InputBound, TensorSpec
+from services.spec import MEMORY_HINT, CompileSpec, InputSpec, allocation_problem, input_bytes
 
 __all__ = [
     "DEFAULT_DYNAMIC_DIM",
+    "EXTRA_SHAPE_SAMPLES",
+    "ParityInputs",
+    "add_other_shapes",
+    "calibration_parity_inputs",
     "check_spec_inputs",
     "load_calibration",
+    "make_parity_inputs",
     "make_validation_inputs",
+    "other_shapes",
     "random_input",
     "refuse_allocation",
     "resolve_shape",
@@ -23,6 +39,27 @@ __all__ = [
 
 #: Size used for a dynamic non-batch axis the spec leaves open (sequence length, image side).
 DEFAULT_DYNAMIC_DIM = 16
+#: Samples checked at each shape besides the first.
+EXTRA_SHAPE_SAMPLES = 2
+#: Ids stay below this when the model states no vocabulary (any embedding table has more rows).
+SAFE_ID_RANGE = 16
+
+
+@dataclass
+class ParityInputs:
+    """The parity feeds, the shape each was made at, and how each input's values were made."""
+
+    feeds: list[dict[str, np.ndarray]]
+    inputs_from: str
+    shape_of: list[int] = field(default_factory=list)  # per feed: index into ``shapes``
+    shapes: list[dict[str, list[int]]] = field(default_factory=list)  # 0: the first (spec's) shape
+    provenance: dict[str, str] = field(default_factory=dict)
+
+    def drop_shape(self, index: int) -> None:
+        """Remove the feeds made at shape ``index`` (the source cannot run them)."""
+        keep = [i for i, g in enumerate(self.shape_of) if g != index]
+        self.feeds = [self.feeds[i] for i in keep]
+        self.shape_of = [self.shape_of[i] for i in keep]
 
 
 def resolve_shape(tensor: TensorSpec, spec: CompileSpec) -> list[int]:
@@ -41,7 +78,10 @@ def resolve_shape(tensor: TensorSpec, spec: CompileSpec) -> list[int]:
                 raise InvalidSpec(
                     f"inputs.{tensor.name}: axis {axis} is fixed at {have} in the model, the spec asks {want}"
                 )
-            out.append(have if want == -1 and have is not None else (want if want != -1 else DEFAULT_DYNAMIC_DIM))
+            if want == -1:  # open in the spec: the model's own size, else what an unspecified axis gets
+                out.append(have if have is not None else (1 if axis == 0 else DEFAULT_DYNAMIC_DIM))
+            else:
+                out.append(want)
         return out
     return [d if d is not None else (1 if i == 0 else DEFAULT_DYNAMIC_DIM) for i, d in enumerate(tensor.shape)]
 
@@ -149,3 +189,212 @@ def make_validation_inputs(
     rng = np.random.default_rng(spec.validation.seed)
     feeds = [{t.name: random_input(t, shapes[t.name], rng) for t in inputs} for _ in range(spec.validation.samples)]
     return feeds, f"generated (seeded random, seed={spec.validation.seed})"
+
+
+def other_shapes(inputs: list[TensorSpec], spec: CompileSpec) -> list[dict[str, list[int]]]:
+    """Return the shapes to check besides the first: the profile's min and max, else open axes doubled.
+
+    An axis counts as open when the model leaves it dynamic and the spec does not pin it.
+    Empty when nothing is open (a fixed-shape model, or every axis pinned).
+    """
+    first = {t.name: resolve_shape(t, spec) for t in inputs}
+    profiles = {t.name: spec.inputs[t.name] for t in inputs if t.name in spec.inputs and spec.inputs[t.name].min}
+    if profiles:
+        out = []
+        for which in ("min", "max"):
+            shape = {name: list(getattr(profiles[name], which)) if name in profiles else first[name] for name in first}
+            if shape != first and shape not in out:
+                out.append(shape)
+        return out
+    second: dict[str, list[int]] = {}
+    for t in inputs:
+        given = spec.inputs.get(t.name)
+        pinned = given.concrete_shape() if given else None
+        dims = []
+        for axis, (have, now) in enumerate(zip(t.shape, first[t.name], strict=True)):
+            open_axis = have is None and (pinned is None or pinned[axis] == -1)
+            dims.append(now * 2 if open_axis else now)
+        second[t.name] = dims
+    return [second] if second != first else []
+
+
+def _ids(shape: list[int], rng: np.random.Generator, low: int, high: int) -> np.ndarray:
+    return rng.integers(low, max(high, low + 1), shape)
+
+
+def _padded_mask(shape: list[int], index: int, rng: np.random.Generator) -> np.ndarray:
+    """Return ones with the tail of the last axis zeroed, except on the first sample (full length)."""
+    mask = np.ones(shape, dtype=np.int64)
+    if index == 0 or not shape or shape[-1] < 2:
+        return mask
+    flat = mask.reshape(-1, shape[-1])
+    for row in flat:
+        row[int(rng.integers(1, shape[-1])) :] = 0  # keep at least one position
+    return flat.reshape(shape)
+
+
+def _segments(shape: list[int], index: int, rng: np.random.Generator) -> np.ndarray:
+    """Return token-type ids of two segments: 0 then 1 from a split point (all 0 on the first sample)."""
+    types = np.zeros(shape, dtype=np.int64)
+    if index == 0 or not shape or shape[-1] < 2:
+        return types
+    flat = types.reshape(-1, shape[-1])
+    for row in flat:
+        row[int(rng.integers(1, shape[-1])) :] = 1
+    return flat.reshape(shape)
+
+
+def sample_input(
+    tensor: TensorSpec,
+    shape: list[int],
+    rng: np.random.Generator,
+    *,
+    index: int,
+    given: InputSpec | None = None,
+    bound: InputBound | None = None,
+    observed: tuple[float, float] | None = None,
+) -> tuple[np.ndarray, str]:
+    """Return one generated parity sample of ``tensor`` and how its values were made."""
+    dtype = np.dtype(_dtype_name(tensor))
+    name = tensor.name.lower()
+    span = given.range if given is not None and given.range is not None else None
+    if dtype.kind == "f":
+        if span is not None:
+            return rng.uniform(span[0], span[1], shape).astype(dtype), f"uniform in the spec's range {span}"
+        if observed is not None:
+            lo, hi = observed
+            return rng.uniform(lo, hi, shape).astype(
+                dtype
+            ), f"uniform in the calibration data's range [{lo:.4g}, {hi:.4g}]"
+        return rng.standard_normal(shape).astype(dtype), "standard normal (give inputs.<name>.range for another)"
+    if dtype.kind == "b":
+        return rng.integers(0, 2, shape).astype(bool), "random booleans"
+    if dtype.kind not in "iu":
+        raise InvalidSpec(f"input {tensor.name} has dtype {tensor.dtype}, which Kiln cannot generate samples for")
+    if span is not None:
+        lo, hi = int(np.ceil(span[0])), int(np.floor(span[1]))
+        return _ids(shape, rng, lo, hi).astype(dtype), f"integers in the spec's range [{lo}, {hi})"
+    if "mask" in name:
+        return _padded_mask(shape, index, rng).astype(
+            dtype
+        ), "ones, the tail padded with zeros on all but the first sample"
+    if "type" in name or "segment" in name:
+        if bound is not None and bound.high >= 2:
+            return _segments(shape, index, rng).astype(dtype), f"two segments, 0 then 1 ({bound.why})"
+        return np.zeros(shape, dtype=dtype), "zeros: the model states no second segment value"
+    if observed is not None:
+        lo, hi = int(observed[0]), int(observed[1]) + 1
+        return _ids(shape, rng, lo, hi).astype(dtype), f"integers in the calibration data's range [{lo}, {hi})"
+    if bound is not None:
+        return _ids(shape, rng, 0, bound.high).astype(dtype), f"ids in [0, {bound.high}): {bound.why}"
+    return (
+        _ids(shape, rng, 0, SAFE_ID_RANGE).astype(dtype),
+        f"integers in [0, {SAFE_ID_RANGE}): the model states no range (give inputs.<name>.range)",
+    )
+
+
+def make_parity_inputs(
+    inputs: list[TensorSpec],
+    spec: CompileSpec,
+    bounds: dict[str, InputBound] | None = None,
+    *,
+    seed: int | None = None,
+    samples: int | None = None,
+    extra_shapes: bool = True,
+) -> ParityInputs:
+    """Return generated parity feeds at the first shape, and a few at each other shape the model's open axes
+    allow (see :func:`other_shapes`)."""
+    bounds = bounds or {}
+    first = {t.name: resolve_shape(t, spec) for t in inputs}
+    seed = spec.validation.seed if seed is None else seed
+    rng = np.random.default_rng(seed)
+    count = spec.validation.samples if samples is None else samples
+    _refuse_too_large(inputs, spec, first, count)
+    feeds: list[dict[str, np.ndarray]] = []
+    provenance: dict[str, str] = {}
+    for i in range(count):
+        feed = {}
+        for t in inputs:
+            feed[t.name], provenance[t.name] = sample_input(
+                t, first[t.name], rng, index=i, given=spec.inputs.get(t.name), bound=bounds.get(t.name)
+            )
+        feeds.append(feed)
+    out = ParityInputs(feeds, f"generated (seeded, seed={seed})", [0] * len(feeds), [first], provenance)
+    if extra_shapes:
+        add_other_shapes(out, inputs, spec, bounds, rng)
+    return out
+
+
+def calibration_parity_inputs(
+    feeds: list[dict[str, np.ndarray]], inputs: list[TensorSpec], spec: CompileSpec
+) -> ParityInputs:
+    """Return parity inputs made of calibration rows (already batched to the first shape)."""
+    first = {t.name: resolve_shape(t, spec) for t in inputs}
+    provenance = {t.name: "rows of the calibration file" for t in inputs}
+    return ParityInputs(list(feeds), "calibration", [0] * len(feeds), [first], provenance)
+
+
+def add_other_shapes(
+    parity: ParityInputs,
+    inputs: list[TensorSpec],
+    spec: CompileSpec,
+    bounds: dict[str, InputBound] | None = None,
+    rng: np.random.Generator | None = None,
+) -> None:
+    """Append :data:`EXTRA_SHAPE_SAMPLES` feeds at each shape of :func:`other_shapes` to ``parity``.
+
+    Where a shape differs from the first only on the batch axis, its feeds stack the first
+    shape's samples (real rows when they came from a calibration file); otherwise they are
+    generated, within the value range the first samples span when those are real data.
+    """
+    bounds = bounds or {}
+    rng = rng or np.random.default_rng(spec.validation.seed + 2)
+    base = [f for f, g in zip(parity.feeds, parity.shape_of, strict=True) if g == 0]
+    real = parity.inputs_from == "calibration"
+    observed: dict[str, tuple[float, float]] = {}
+    if real and base:
+        for t in inputs:
+            values = np.concatenate([np.asarray(f[t.name]).reshape(-1) for f in base])
+            if values.size and values.dtype.kind in "fiu":
+                observed[t.name] = (float(values.min()), float(values.max()))
+    first = parity.shapes[0]
+    for shape in other_shapes(inputs, spec):
+        _refuse_too_large(inputs, spec, shape, EXTRA_SHAPE_SAMPLES)
+        parity.shapes.append(shape)
+        group = len(parity.shapes) - 1
+        batch_only = base and all(shape[n][1:] == first[n][1:] and len(shape[n]) > 0 for n in shape)
+        for i in range(EXTRA_SHAPE_SAMPLES):
+            if batch_only:
+                feed = {}
+                for t in inputs:
+                    rows = np.concatenate([np.asarray(f[t.name]) for f in base], axis=0)
+                    want = shape[t.name][0]
+                    take = [(i * want + k) % rows.shape[0] for k in range(want)]
+                    feed[t.name] = rows[take]
+            else:
+                feed = {}
+                for t in inputs:
+                    feed[t.name], _ = sample_input(
+                        t,
+                        shape[t.name],
+                        rng,
+                        index=i + 1,  # padded: the first shape already has a full-length sample
+                        given=spec.inputs.get(t.name),
+                        bound=bounds.get(t.name),
+                        observed=observed.get(t.name),
+                    )
+            parity.feeds.append(feed)
+            parity.shape_of.append(group)
+        how = "the first shape's samples stacked" if batch_only else "generated"
+        parity.provenance[f"shape {group}"] = f"{shape}: {EXTRA_SHAPE_SAMPLES} samples, {how}"
+
+
+def _refuse_too_large(inputs: list[TensorSpec], spec: CompileSpec, shapes: dict[str, list[int]], count: int) -> None:
+    # The model's own dims count here (the spec alone could not see them): refuse before allocating.
+    largest = max(inputs, key=lambda t: input_bytes({t.name: (shapes[t.name], _dtype_name(t))}), default=None)
+    refuse_allocation(
+        f"inputs.{largest.name}" if largest else "inputs",
+        f"the validation set ({count} samples of {shapes})",
+        {t.name: (shapes[t.name], _dtype_name(t)) for t in inputs},
+        count,
+    )

@@ -10,6 +10,7 @@ import numpy as np
 
 from services.errors import ParityFailed
 from services.spec import Tolerances
+from services.validation.metrics import measure_output
 
 __all__ = [
     "OutputParity",
@@ -23,22 +24,32 @@ __all__ = [
 
 @dataclass
 class OutputParity:
-    """Agreement of one output over all samples.
+    """Agreement of one output over all samples (services/validation/metrics.py says how each is taken).
 
-    The error metrics cover the values both sides give as finite numbers; ``nonfinite``
-    counts the values where the artifact and the source disagree on NaN or infinity (the
-    artifact gives one the source does not have, or the other way round). Any such value
-    fails parity whatever the tolerances.
+    ``cosine``, ``pearson`` and ``snr_db`` are the worst sample's (``worst_sample``), never an
+    average; ``values`` counts the pairs both sides give as finite numbers, the only ones the
+    metrics cover; ``nonfinite`` counts the pairs that disagree on NaN or infinity (the
+    artifact gives one the source does not have, or the other way round), which fail parity
+    whatever the tolerances. ``top1`` runs along ``class_axis`` over ``top1_positions``
+    positions where the source's decision is clear.
     """
 
     name: str
     max_abs: float
     max_rel: float
     cosine: float
-    top1: float | None  # None when the output is not classifier-shaped
+    top1: float | None  # None when the output has no class axis (or no clear position)
     within_allclose: bool
     values: int = 0
     nonfinite: int = 0
+    pearson: float | None = None  # None when the source's output is constant everywhere
+    snr_db: float | None = None
+    worst_sample: int | None = None
+    samples: int = 0
+    class_axis: int | None = None
+    top1_positions: int = 0
+    scale: float | None = None  # least-squares slope of the artifact on the source, the worst sample's
+    bias: float | None = None  # mean error in the source's standard deviations, the worst sample's
 
 
 @dataclass
@@ -51,6 +62,10 @@ class ParityReport:
     inputs_from: str
     passed: bool
     failures: list[str] = field(default_factory=list)
+    input_provenance: dict[str, str] = field(default_factory=dict)  # how each input's values were made
+    shapes: list[dict[str, list[int]]] = field(default_factory=list)  # the input shapes checked
+    samples_per_shape: list[int] = field(default_factory=list)  # feeds checked at each of ``shapes``
+    localization: dict[str, Any] | None = None  # the first node that drifts (services/validation/localize.py)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -58,7 +73,7 @@ class ParityReport:
 
     def hint(self) -> str | None:
         """Return advice for failures that relaxed tolerances cannot accept, else None (the default hint)."""
-        if not self.outputs or sum(o.values for o in self.outputs) == 0:
+        if not self.outputs or sum(o.values + o.nonfinite for o in self.outputs) == 0:
             return "The model gives no output values to check; export it with its outputs connected."
         if any(o.nonfinite for o in self.outputs):
             return (
@@ -66,6 +81,8 @@ class ParityReport:
                 "range that rounds to zero, ...); no tolerance accepts that: try a higher precision or "
                 "calibration data that covers the model's real inputs."
             )
+        if any(o.values == 0 for o in self.outputs):
+            return "An output has no value both sides give as a number; check that the inputs are valid for the model."
         return None
 
     def summary(self) -> str:
@@ -75,7 +92,13 @@ class ParityReport:
         worst_abs = max(o.max_abs for o in self.outputs)
         worst_cos = min(o.cosine for o in self.outputs)
         top1 = [o.top1 for o in self.outputs if o.top1 is not None]
+        snr = [o.snr_db for o in self.outputs if o.snr_db is not None]
+        pearson = [o.pearson for o in self.outputs if o.pearson is not None]
         text = f"max_abs {worst_abs:.2e} cos {worst_cos:.6f}"
+        if pearson:
+            text += f" r {min(pearson):.4f}"
+        if snr:
+            text += f" snr {min(snr):.1f}dB"
         if top1:
             text += f" top1 {min(top1):.0%}"
         return text
@@ -92,62 +115,43 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
-def _classifier_shaped(arr: np.ndarray) -> bool:
-    return arr.ndim == 2 and arr.shape[1] > 1
-
-
-def _nonfinite_mismatch(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Return where ``a`` and ``b`` disagree on non-finite values (NaN against NaN agrees)."""
-    finite_a, finite_b = np.isfinite(a), np.isfinite(b)
-    both_nan = np.isnan(a) & np.isnan(b)
-    same_inf = ~finite_a & ~finite_b & (a == b)
-    return (finite_a != finite_b) | (~finite_a & ~finite_b & ~both_nan & ~same_inf)
-
-
-def compare_outputs(name: str, actual: list[np.ndarray], expected: list[np.ndarray], tol: Tolerances) -> OutputParity:
-    """Return the agreement of one output across samples (lists of equal-shaped arrays)."""
-    a = np.concatenate([np.asarray(x, dtype=np.float64).reshape(-1) for x in actual])
-    b = np.concatenate([np.asarray(x, dtype=np.float64).reshape(-1) for x in expected])
-    if a.shape != b.shape:
-        raise ParityFailed(
-            f"output {name}: artifact gives {a.size} values, the source {b.size}",
-            output=name,
-        )
-    nonfinite = int(_nonfinite_mismatch(a, b).sum())
-    # The metrics are taken over values both sides give as finite numbers: a NaN in a metric
-    # would pass every `<` comparison, so non-finite disagreement is counted on its own above.
-    both = np.isfinite(a) & np.isfinite(b)
-    fa, fb = a[both], b[both]
-    diff = np.abs(fa - fb)
-    floor = tol.atol if tol.atol else 1e-6
-    max_abs = float(diff.max()) if diff.size else 0.0
-    max_rel = float((diff / (np.abs(fb) + floor)).max()) if diff.size else 0.0
-    na, nb = float(np.linalg.norm(fa)), float(np.linalg.norm(fb))
-    if na == 0.0 and nb == 0.0:
-        cosine = 1.0
-    elif na == 0.0 or nb == 0.0 or not (math.isfinite(na) and math.isfinite(nb)):
-        cosine = 0.0  # one side all zeros, or too large for float64: no evidence of agreement
-    else:
-        cosine = float(np.dot(fa, fb) / (na * nb))
-    top1 = None
-    if all(_classifier_shaped(np.asarray(x)) for x in expected):
-        # A row with a non-finite value the source lacks has no trustworthy argmax: it disagrees.
-        pa = np.concatenate([_argmax_rows(x, y) for x, y in zip(actual, expected, strict=True)])
-        pb = np.concatenate([np.asarray(y).argmax(axis=1) for y in expected])
-        top1 = float((pa == pb).mean())
-    if tol.atol is None or tol.rtol is None:
-        within = True
-    else:
-        within = bool(np.all(diff <= tol.atol + tol.rtol * np.abs(fb)))
-    return OutputParity(name, max_abs, max_rel, cosine, top1, within, values=int(b.size), nonfinite=nonfinite)
-
-
-def _argmax_rows(actual: np.ndarray, expected: np.ndarray) -> np.ndarray:
-    """Return each row's argmax of ``actual``, or -1 where the row disagrees on a non-finite value."""
-    a = np.asarray(actual, dtype=np.float64)
-    b = np.asarray(expected, dtype=np.float64)
-    bad = _nonfinite_mismatch(a, b).any(axis=1)
-    return np.where(bad, -1, a.argmax(axis=1))
+def compare_outputs(
+    name: str,
+    actual: list[np.ndarray],
+    expected: list[np.ndarray],
+    tol: Tolerances,
+    *,
+    class_axis: int | str | None = "infer",
+) -> OutputParity:
+    """Return the agreement of one output across samples (lists of equal-shaped arrays, one per feed)."""
+    for i, (x, y) in enumerate(zip(actual, expected, strict=True)):
+        if np.shape(x) != np.shape(y) and np.size(x) != np.size(y):
+            raise ParityFailed(
+                f"output {name}: on sample {i} the artifact gives shape {list(np.shape(x))}, "
+                f"the source {list(np.shape(y))}",
+                output=name,
+            )
+    # A converter may keep the values and drop a unit axis: compare in the source's layout.
+    actual = [np.reshape(x, np.shape(y)) for x, y in zip(actual, expected, strict=True)]
+    m = measure_output(actual, expected, atol=tol.atol, rtol=tol.rtol, min_snr_db=tol.min_snr_db, axis=class_axis)
+    return OutputParity(
+        name,
+        m.max_abs,
+        m.max_rel,
+        m.cosine,
+        m.top1,
+        m.within_allclose,
+        values=m.values,
+        nonfinite=m.nonfinite,
+        pearson=m.pearson,
+        snr_db=m.snr_db,
+        worst_sample=m.worst_sample,
+        samples=m.samples,
+        class_axis=m.class_axis,
+        top1_positions=m.top1_positions,
+        scale=m.scale,
+        bias=m.bias,
+    )
 
 
 def verdict_failures(outputs: list[OutputParity], tol: Tolerances) -> list[str]:
@@ -156,23 +160,36 @@ def verdict_failures(outputs: list[OutputParity], tol: Tolerances) -> list[str]:
     Every bound is written as ``not (value >= bound)`` so that a NaN metric fails it, and
     nothing compared (no outputs, or no values) is a failure, never a vacuous pass.
     """
-    if not outputs or sum(o.values for o in outputs) == 0:
+    if not outputs or sum(o.values + o.nonfinite for o in outputs) == 0:
         return [
             "nothing to compare: the model gives no output values"
             + (f" (outputs {[o.name for o in outputs]} are empty)" if outputs else "")
         ]
     failures = []
     for o in outputs:
+        where = f" (worst sample {o.worst_sample})" if o.worst_sample is not None and o.samples > 1 else ""
         if o.nonfinite:
             failures.append(
-                f"{o.name}: {o.nonfinite} of {o.values} values are NaN or infinite where the source's are not"
+                f"{o.name}: {o.nonfinite} values are NaN or infinite on one side only ({o.values} compared)"
             )
+        if o.values == 0 and not o.nonfinite:
+            failures.append(f"{o.name}: nothing compared (no value is finite on both sides)")
         if not o.within_allclose:
             failures.append(
                 f"{o.name}: max_abs {o.max_abs:.3g} / max_rel {o.max_rel:.3g} over atol {tol.atol} + rtol {tol.rtol}"
             )
         if tol.min_cosine is not None and not (o.cosine >= tol.min_cosine):
-            failures.append(f"{o.name}: cosine {o.cosine:.6f} < {tol.min_cosine}")
+            failures.append(f"{o.name}: cosine {o.cosine:.6f} < {tol.min_cosine}{where}")
+        if tol.min_pearson is not None and o.pearson is not None and not (o.pearson >= tol.min_pearson):
+            failures.append(f"{o.name}: Pearson {o.pearson:.4f} < {tol.min_pearson}{where}")
+        if tol.min_snr_db is not None and o.snr_db is not None and not (o.snr_db >= tol.min_snr_db):
+            failures.append(f"{o.name}: SNR {o.snr_db:.1f} dB < {tol.min_snr_db} dB{where}")
+        if tol.max_scale_error is not None and o.scale is not None and not (abs(o.scale - 1.0) <= tol.max_scale_error):
+            failures.append(
+                f"{o.name}: scale {o.scale:.4f} (the artifact's slope on the source) is off 1 by more than {tol.max_scale_error}{where}"
+            )
+        if tol.max_bias is not None and o.bias is not None and not (abs(o.bias) <= tol.max_bias):
+            failures.append(f"{o.name}: bias {o.bias:+.4f} standard deviations, beyond {tol.max_bias}{where}")
         if tol.min_top1 is not None and o.top1 is not None and not (o.top1 >= tol.min_top1):
             failures.append(f"{o.name}: top-1 agreement {o.top1:.1%} < {tol.min_top1:.0%}")
     return failures
@@ -202,8 +219,12 @@ def check_parity(
     output_order: list[str] | None = None,
     expected_order: list[str] | None = None,
     raise_on_failure: bool = True,
+    class_axes: dict[str, int | None] | None = None,
 ) -> ParityReport:
-    """Compare per-sample outputs; PARITY_FAILED carries the numbers when a bound is exceeded."""
+    """Compare per-sample outputs; PARITY_FAILED carries the numbers when a bound is exceeded.
+
+    ``class_axes`` sets the top-1 axis of outputs by source name (None: no top-1); the others are inferred.
+    """
     if len(actual) != len(expected):
         raise ParityFailed(f"{len(actual)} artifact samples against {len(expected)} reference samples")
     if not expected:
@@ -212,7 +233,10 @@ def check_parity(
     e_names = expected_order or list(expected[0])
     outputs = []
     for a_name, e_name in match_outputs(a_names, e_names):
-        outputs.append(compare_outputs(e_name, [s[a_name] for s in actual], [s[e_name] for s in expected], tol))
+        axis: int | str | None = (class_axes or {}).get(e_name, "infer")
+        outputs.append(
+            compare_outputs(e_name, [s[a_name] for s in actual], [s[e_name] for s in expected], tol, class_axis=axis)
+        )
     failures = verdict_failures(outputs, tol)
     report = ParityReport(
         outputs=outputs,
