@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
@@ -20,6 +21,7 @@ from api.metrics import Metrics, MetricsMiddleware
 from api.openapi_errors import document_errors
 from api.origin import OriginGuard
 from api.polling import JobBodies, JobVersions
+from api.readiness import EmbeddedWorkers
 from api.routes import compile as compile_routes
 from api.routes import jobs as job_routes
 from api.routes import plan as plan_routes
@@ -35,11 +37,17 @@ from services.jobs.models import DEFAULT_TENANT
 from services.jobs.stores import JobStores
 from services.settings import Settings, get_settings
 from services.spec import CompileSpec
+from services.webhooks import WebhookPolicy, deliver_due
 from workers.maintenance import fail_unserved_once, worker_max_age
 
 log = logging.getLogger("kiln.api")
 
 __all__ = ["create_app"]
+
+#: Seconds between removals of idempotency keys past their 24 hours.
+KEY_PURGE_INTERVAL = 3600.0
+#: Seconds between looks for due webhooks.
+WEBHOOK_POLL = 0.5
 
 DESCRIPTION = """\
 Kiln compiles a trained model for every serving engine a team deploys to, checks each
@@ -61,12 +69,17 @@ artifacts and model names (admin tokens: every tenant's).
 
 
 def create_app(
-    settings: Settings | None = None, celery_app: Any = None, *, registry: Registry | None = None
+    settings: Settings | None = None,
+    celery_app: Any = None,
+    *,
+    registry: Registry | None = None,
+    embedded: EmbeddedWorkers | None = None,
 ) -> FastAPI:
     """Return the API app for ``settings`` publishing steps through ``celery_app``.
 
     Without a Celery app one is built from the settings (what `kiln api` does). A SQLite
-    job store is migrated at start; PostgreSQL is migrated by `kiln migrate`.
+    job store is migrated at start; PostgreSQL is migrated by `kiln migrate`. ``embedded``:
+    `kiln serve`'s own workers, which /readyz and job admission wait for while they start.
     """
     settings = settings or get_settings()
     if celery_app is None:
@@ -78,14 +91,28 @@ def create_app(
     async def fail_unserved_steps() -> None:
         # Workers sweep too, but with no worker alive at all only the API is left to notice
         # that a job waits for an engine nobody serves.
+        purged_at = 0.0
         while True:
             await asyncio.sleep(settings.step_heartbeat_interval)
             try:
                 await run_in_threadpool(
                     fail_unserved_once, app.state.steps, app.state.workers, app.state.celery, settings
                 )
+                if time.monotonic() - purged_at > KEY_PURGE_INTERVAL:
+                    await run_in_threadpool(app.state.idempotency.purge_expired)
+                    purged_at = time.monotonic()
             except Exception:  # a database or broker blip must not end the loop
                 log.warning("sweep for unserved steps failed", exc_info=True)
+
+    async def deliver_webhooks() -> None:
+        # Webhooks go out from the API, never from the step that ended the job: a slow or dead
+        # receiver costs the job nothing. Any API process may send; claims keep them apart.
+        while True:
+            await asyncio.sleep(WEBHOOK_POLL)
+            try:
+                await run_in_threadpool(deliver_due, app.state.webhooks, settings)
+            except Exception:  # a database blip must not end the loop
+                log.warning("webhook delivery pass failed", exc_info=True)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> Any:
@@ -94,13 +121,14 @@ def create_app(
         admin = settings.admin_token.get_secret_value()
         if admin and await run_in_threadpool(app.state.tokens.ensure_token, "admin", admin, ["admin"], DEFAULT_TENANT):
             log.info("admin token (KILN_ADMIN_TOKEN) is live as token 'admin'")
-        sweeper = asyncio.create_task(fail_unserved_steps())
+        tasks = [asyncio.create_task(fail_unserved_steps()), asyncio.create_task(deliver_webhooks())]
         try:
             yield
         finally:
-            sweeper.cancel()
-            with suppress(asyncio.CancelledError):
-                await sweeper
+            for task in tasks:
+                task.cancel()
+                with suppress(asyncio.CancelledError):
+                    await task
             app.state.scratch.close()
 
     # With auth on, the API description needs a token too ("every endpoint but the health
@@ -121,10 +149,14 @@ def create_app(
     stores = JobStores.open(url)
     state.jobs, state.steps, state.workers = stores.jobs, stores.steps, stores.workers
     state.tokens, state.sessions, state.model_names = stores.tokens, stores.sessions, stores.model_names
+    state.idempotency = stores.idempotency
+    state.webhooks = stores.webhooks
+    state.webhook_policy = WebhookPolicy.from_settings(settings)
     state.session_keys = session_keys(settings)
     state.store = open_store(settings)
     state.repository = open_repository(settings)
     state.registry = registry or default_registry()
+    state.embedded = embedded
     # Uploads, detection and downloads work here; a crashed predecessor's leftovers go now.
     state.scratch = ApiScratch(settings.cache_dir / "api")
     state.token_cache = TokenCache()

@@ -17,6 +17,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from api.auth import Principal, authenticate, authenticate_session
 from api.sessions import SAFE_METHODS, request_session, require_csrf
 from services.graph.registry import Registry
+from services.jobs.idempotency import IdempotencyKeys
 from services.jobs.model_names import ModelNames
 from services.jobs.store import JobStore
 from services.jobs.worker_registry import WorkerRegistry
@@ -27,6 +28,7 @@ from services.storage.base import ArtifactStore
 __all__ = [
     "AdminAuth",
     "CeleryDep",
+    "IdempotencyDep",
     "JobStoreDep",
     "ModelNamesDep",
     "ReadAuth",
@@ -55,6 +57,10 @@ async def get_model_names(request: Request) -> ModelNames:
     return request.app.state.model_names  # type: ignore[no-any-return]
 
 
+async def get_idempotency_keys(request: Request) -> IdempotencyKeys:
+    return request.app.state.idempotency  # type: ignore[no-any-return]
+
+
 async def get_celery(request: Request) -> Any:
     return request.app.state.celery
 
@@ -75,6 +81,7 @@ SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 JobStoreDep = Annotated[JobStore, Depends(get_job_store)]
 WorkersDep = Annotated[WorkerRegistry, Depends(get_workers)]
 ModelNamesDep = Annotated[ModelNames, Depends(get_model_names)]
+IdempotencyDep = Annotated[IdempotencyKeys, Depends(get_idempotency_keys)]
 CeleryDep = Annotated[Any, Depends(get_celery)]
 StoreDep = Annotated[ArtifactStore, Depends(get_store)]
 RepositoryDep = Annotated[ModelRepository, Depends(get_repository)]

@@ -233,5 +233,12 @@ class HealthPublic(BaseModel):
 
 
 class ReadyPublic(BaseModel):
-    status: Literal["ready", "unavailable"]
-    checks: dict[str, str] = Field(description="broker, database, storage: 'ok' or what failed.")
+    status: Literal["ready", "starting", "unavailable"]
+    checks: dict[str, str] = Field(
+        description="broker, database, storage (and workers, under `kiln serve`): 'ok' or what failed."
+    )
+    starting: list[str] = Field(
+        default_factory=list,
+        description="Under `kiln serve`: engines whose own worker is still starting (jobs for them are accepted "
+        "and wait).",
+    )

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from api.auth import Principal
+from api.readiness import EmbeddedWorkers
 from api.upload import Upload
 from services import descriptors
 from services.errors import (
@@ -29,11 +30,14 @@ from services.formats import DetectedSource, Format, open_source, safe_extract
 from services.formats.archives import archive_kind
 from services.graph.planner import Plan, plan_routes
 from services.graph.registry import Registry, load_entry
+from services.jobs.idempotency import IdempotencyClaim
 from services.jobs.store import JobStore, NewJob
+from services.jobs.webhooks import WebhookStore
 from services.jobs.worker_registry import WorkerRegistry
 from services.pipeline.local import default_model_name
 from services.spec import CompileSpec, load_spec
 from services.storage.base import ArtifactStore
+from services.webhooks import WebhookPolicy, new_webhook, stored_spec
 from workers.queues import enqueue_steps
 
 __all__ = ["prepare_job", "resubmit", "start_job", "submit_job"]
@@ -117,11 +121,14 @@ def prepare_job(
     scratch_root: Path,
     live_engines: Collection[str] | None = None,
     vet: bool = True,
+    webhooks: WebhookPolicy | None = None,
 ) -> NewJob:
     """Validate, detect and plan ``upload`` and put its files in the store; return the job to record.
 
     ``live_engines``: the engines with a live worker; a job needing another is refused
     (ENGINE_UNAVAILABLE) unless its spec sets ``wait_for_workers``. None skips the check.
+    ``webhooks``: the operator's rules for the spec's notify (none: no internal networks,
+    no default secret).
     """
     spec_text = upload.fields.get("spec")
     if spec_text is None:
@@ -143,14 +150,17 @@ def prepare_job(
         )
     if calibration is not None:
         spec = spec.model_copy(update={"calibration": calibration.filename})
+    webhook = new_webhook(spec, webhooks or WebhookPolicy())
     scratch_root.mkdir(parents=True, exist_ok=True)
+    default_name = default_model_name(model.path)  # while the file is there: it is moved into the store below
     with tempfile.TemporaryDirectory(prefix="detect-", dir=scratch_root) as tmp:
         # Detection and archive vetting (UNSAFE_INPUT) happen here, before anything is stored.
         source = _open_vetted(model.path, Path(tmp), spec.source_format, model.sha256, vet)
-        plan = plan_routes(source.format, spec, registry, default_name=default_model_name(model.path))
-        _require_workers(plan, spec, live_engines)
+        plan = plan_routes(source.format, spec, registry, default_name=default_name)
+        # What is wrong with the request is said first; a missing worker only after.
         _check_spec_inputs(source, spec)
         _target_preflights(source, spec)
+        _require_workers(plan, spec, live_engines)
     source_key = f"sources/{model.sha256}"
     store.put_dir(source_key, model.path.parent, move=True)  # the upload's own directory, discarded next
     calibration_key = None
@@ -158,8 +168,8 @@ def prepare_job(
         calibration_key = f"sources/{calibration.sha256}"
         store.put_dir(calibration_key, calibration.path.parent, move=True)
     return NewJob(
-        name=spec.name or default_model_name(model.path),
-        spec=spec.model_dump(mode="json"),
+        name=spec.name or default_name,
+        spec=stored_spec(spec),
         plan=plan,
         source_key=source_key,
         source_sha256=model.sha256,
@@ -173,6 +183,7 @@ def prepare_job(
         use_cache=use_cache,
         owner=principal.name,
         tenant=principal.tenant,
+        webhook=webhook,
     )
 
 
@@ -189,17 +200,24 @@ def submit_job(
     scratch_root: Path,
     worker_max_age: float | None = None,
     vet: bool = True,
+    idempotency: IdempotencyClaim | None = None,
+    embedded: EmbeddedWorkers | None = None,
+    webhooks: WebhookPolicy | None = None,
 ) -> str:
     """Accept ``upload`` for ``principal``'s tenant: record the job with its first steps queued, enqueue them; return its id.
 
     With ``worker_max_age``, a job needing an engine without a worker that heartbeated that
     recently is refused unless its spec says to wait. The upload's temporary files are
-    removed whatever happens.
+    removed whatever happens. ``idempotency``: the request's key, recorded with the job
+    (KeyTaken when another job holds it; nothing is recorded then). ``embedded``: `kiln
+    serve`'s own workers; the engines they are still starting count as served (the job waits).
     """
     try:
         live = None
         if worker_max_age is not None:
             live = {e for w in workers.live_workers(worker_max_age) for e in w.engines}
+            if embedded is not None:
+                live |= set(embedded.starting(live))
         new = prepare_job(
             upload,
             store=store,
@@ -209,8 +227,9 @@ def submit_job(
             scratch_root=scratch_root,
             live_engines=live,
             vet=vet,
+            webhooks=webhooks,
         )
-        advance = jobs.submit_job(new, any_names=principal.sees_all)
+        advance = jobs.submit_job(new, any_names=principal.sees_all, idempotency=idempotency)
         start_job(jobs, celery_app, new.id, advance.queued)
     finally:
         upload.cleanup()
@@ -240,13 +259,16 @@ def resubmit(
     *,
     principal: Principal,
     use_cache: bool,
+    idempotency: IdempotencyClaim | None = None,
+    webhooks: WebhookPolicy | None = None,
 ) -> str:
     """Queue a new job on ``job_id``'s stored source with its spec, or ``spec``; return the new job's id.
 
     The source is already in the store under its content address, so nothing is uploaded or
     detected again; the new spec is validated and planned like an upload's. Only a job of
     ``principal``'s tenant can be resubmitted (an admin: any), and the new job stays in
-    that job's tenant.
+    that job's tenant. ``idempotency`` and ``webhooks`` as for :func:`submit_job` (without
+    ``webhooks``, the process's settings'); a webhook to the same URL keeps the job's secret.
     """
     old = jobs.get_job(job_id, principal.tenant_filter)
     if not store.exists(old.source_key):
@@ -261,10 +283,18 @@ def resubmit(
             errors=[{"field": "calibration", "problem": "no calibration file to reuse"}],
         )
     name = new_spec.name or old.name
+    webhook = None
+    if new_spec.notify is not None:
+        if webhooks is None:
+            from services.settings import get_settings
+
+            webhooks = WebhookPolicy.from_settings(get_settings())
+        previous = WebhookStore(jobs.db).secret_for(job_id, new_spec.notify.url)
+        webhook = new_webhook(new_spec, webhooks, previous)
     plan = plan_routes(Format(old.source_format), new_spec, registry, default_name=name)
     new = NewJob(
         name=name,
-        spec=new_spec.model_dump(mode="json"),
+        spec=stored_spec(new_spec),
         plan=plan,
         source_key=old.source_key,
         source_sha256=old.source_sha256,
@@ -278,7 +308,8 @@ def resubmit(
         use_cache=use_cache,
         owner=principal.name,
         tenant=old.tenant,
+        webhook=webhook,
     )
-    advance = jobs.submit_job(new, any_names=principal.sees_all)
+    advance = jobs.submit_job(new, any_names=principal.sees_all, idempotency=idempotency)
     start_job(jobs, celery_app, new.id, advance.queued)
     return new.id

@@ -1,81 +1,30 @@
-"""The `kiln` command line: compile, inspect, routes, schema, serve.
+"""The `kiln` command line: compile (here or on a server), inspect, routes, schema, jobs, serve.
 
-Every command catches KilnError at one place and prints code, message and hint; the exit
-status is non-zero on any failure, and no traceback reaches the user (set KILN_DEBUG=1 to
-see one).
+Every command catches KilnError at one place (cli.common.handle_errors) and prints code,
+message and hint; the exit status is non-zero on any failure, and no traceback reaches the
+user (set KILN_DEBUG=1 to see one). The commands of other modules (service, secrets, jobs)
+are registered here; those modules import cli.common, never this one.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 import uuid
-from collections.abc import Callable
 from contextlib import nullcontext
-from functools import wraps
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 
+from cli import remote, secrets_commands, service_commands
+from cli.common import console, handle_errors, out
+from cli.spec_flags import spec_from_flags
+from cli.summary import compile_json, event_printer, print_failures, print_summary
 from cli.tool_output import tool_output_to
 from services.descriptors import registry
-from services.errors import KilnError
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-# Outside a terminal rich assumes 80 columns, which folds the summary table; logs and CI
-# are wider than that.
-_WIDTH = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "160"))
-console = Console(stderr=True, width=_WIDTH)
-out = Console(width=_WIDTH)
-
-#: Exit statuses: 1 for a failed target, 2 for bad usage or input, 3 for internal errors.
-EXIT_FAILED, EXIT_INPUT, EXIT_INTERNAL = 1, 2, 3
-_INPUT_CODES = {
-    "INVALID_SPEC",
-    "UNSUPPORTED_FORMAT",
-    "SOURCE_UNREADABLE",
-    "UNSAFE_INPUT",
-    "NO_ROUTE",
-    "INVALID_SETTINGS",
-    "SOURCE_NONFINITE",
-}
-
-
-def _print_error(err: KilnError) -> None:
-    console.print(f"[bold red]error {err.code}[/]: {err.message}")
-    if err.hint:
-        console.print(f"[yellow]hint[/]: {err.hint}")
-    tail = err.details.get("output_tail")
-    if tail and os.environ.get("KILN_DEBUG"):
-        console.print(tail)
-
-
-def handle_errors(func: F) -> F:
-    """Turn KilnError (and anything unexpected) into a message and an exit status."""
-
-    @wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except KilnError as err:
-            _print_error(err)
-            sys.exit(EXIT_INPUT if err.code in _INPUT_CODES else EXIT_FAILED)
-        except click.exceptions.Exit:
-            raise
-        except Exception as exc:  # the last line of defence: no traceback for users
-            if os.environ.get("KILN_DEBUG"):
-                raise
-            console.print(f"[bold red]error INTERNAL[/]: {type(exc).__name__}: {exc}")
-            console.print("[yellow]hint[/]: rerun with KILN_DEBUG=1 for a traceback and report it.")
-            sys.exit(EXIT_INTERNAL)
-
-    return wrapper  # type: ignore[return-value]
 
 
 @click.group()
@@ -85,94 +34,7 @@ def main() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
-def parse_input_flag(text: str) -> tuple[str, dict[str, Any]]:
-    """Return ``(name, InputSpec fields)`` from ``NAME:SHAPE`` or ``NAME:MIN,OPT,MAX`` (shapes as 1x3x224x224)."""
-    from services.errors import InvalidSpec
-
-    name, sep, shapes = text.rpartition(":")
-    hint = "Write --input NAME:1x3x224x224 (-1 keeps an axis open) or NAME:MIN,OPT,MAX, e.g. x:1x3x224x224,8x3x224x224,32x3x224x224."
-    try:
-        if not sep or not name:
-            raise ValueError("no NAME:")
-        dims = [[int(d) for d in shape.lower().split("x")] for shape in shapes.split(",")]
-    except ValueError:
-        raise InvalidSpec(f"--input {text!r} is not NAME:SHAPE", hint=hint) from None
-    if len(dims) == 1:
-        return name, {"shape": dims[0]}
-    if len(dims) == 3:
-        return name, {"min": dims[0], "opt": dims[1], "max": dims[2]}
-    raise InvalidSpec(f"--input {text!r} gives {len(dims)} shapes; one, or three (min,opt,max)", hint=hint)
-
-
-def _build_spec(
-    spec_file: Path | None,
-    targets: tuple[str, ...],
-    precision: str | None,
-    name: str | None,
-    calibration: Path | None,
-    version: int | None,
-    no_benchmark: bool,
-    inputs: tuple[str, ...] = (),
-    max_batch_size: int | None = None,
-    serving_root: str | None = None,
-) -> Any:
-    from services.spec import load_spec
-
-    data: dict[str, Any] = json.loads(spec_file.read_text()) if spec_file else {}
-    for flag in inputs:
-        input_name, fields = parse_input_flag(flag)
-        data.setdefault("inputs", {})[input_name] = fields
-    if max_batch_size is not None:
-        data["max_batch_size"] = max_batch_size
-    if serving_root:
-        data.setdefault("serving", {})["root"] = serving_root
-    if targets:
-        data["targets"] = list(targets)
-    if precision:
-        data["precision"] = precision
-    if name:
-        data["name"] = name
-    if version:
-        data["version"] = version
-    if calibration:
-        data["calibration"] = str(calibration)
-    if no_benchmark:
-        data["benchmark"] = False
-    return load_spec(data)
-
-
-def _event_printer(progress_lines: bool) -> Callable[[dict[str, Any]], None]:
-    def on_event(e: dict[str, Any]) -> None:
-        kind = e["type"]
-        if kind == "planned":
-            console.print(f"[bold]source[/]: {e['source']}")
-            for target, route in e["plan"]["routes"].items():
-                console.print(f"  [cyan]{target}[/]: {route}")
-                for alt in e["plan"].get("route_options", {}).get(target, [])[1:]:
-                    console.print(f"    [dim]fallback: {alt['route']}[/]")
-            if e["plan"]["shared_steps"]:
-                console.print(f"  shared steps: {', '.join(e['plan']['shared_steps'])}")
-        elif kind == "step_started":
-            console.print(f"[bold blue]▶[/] {e['step']} [dim]({e['engine']})[/]")
-        elif kind == "progress" and progress_lines:
-            console.print(f"    [dim]{e['message']}[/]")
-        elif kind == "step_finished":
-            cached = " [green](cached)[/]" if e["cached"] else ""
-            console.print(f"[green]✔[/] {e['step']} in {e['seconds']:.2f}s{cached}")
-        elif kind == "step_failed":
-            console.print(f"[red]✘[/] {e['step']}: {e['error']['code']}: {e['error']['message'][:300]}")
-        elif kind == "step_skipped":
-            console.print(f"[yellow]-[/] {e['step']} skipped ({e['because']} upstream)")
-        elif kind == "route_failed":
-            then = f"trying {e['next_route']}" if e["next_route"] else "no route left"
-            console.print(
-                f"[yellow]↪[/] {e['target']}: route {e['rank']} failed in {e.get('tool')} ({e['code']}); {then}"
-            )
-
-    return on_event
-
-
-def _log_events(log: Path) -> Callable[[dict[str, Any]], None]:
+def _log_events(log: Path) -> Any:
     """Return an event handler that appends each event, one JSON line, to the job's log (``-q``)."""
 
     def on_event(e: dict[str, Any]) -> None:
@@ -180,75 +42,6 @@ def _log_events(log: Path) -> Callable[[dict[str, Any]], None]:
             fh.write(json.dumps({k: v for k, v in e.items() if k != "plan"}, default=str) + "\n")
 
     return on_event
-
-
-def _fmt_parity(parity: dict[str, Any] | None) -> str:
-    if not parity or not parity.get("outputs"):
-        return "-"
-    outs = parity["outputs"]
-    worst_abs = max(float(o["max_abs"]) for o in outs)
-    worst_cos = min(float(o["cosine"]) for o in outs)
-    top1 = [o["top1"] for o in outs if o.get("top1") is not None]
-    snr = [float(o["snr_db"]) for o in outs if o.get("snr_db") is not None]
-    text = f"{'ok' if parity.get('passed') else 'FAIL'} abs {worst_abs:.1e} cos {worst_cos:.5f}"
-    text += f" snr {min(snr):.1f}dB" if snr else ""
-    return text + (f" top1 {min(top1):.0%}" if top1 else "")
-
-
-#: Below this width the summary leaves route and artifact out of the table and lists them
-#: under it, so no cell folds mid-path.
-_WIDE_SUMMARY = 120
-
-
-def _summary_rows(result: Any) -> list[dict[str, str]]:
-    rows = []
-    for t in result.targets.values():
-        status = (
-            "[green]succeeded[/]" if t.status == "succeeded" else f"[red]{t.error['code'] if t.error else t.status}[/]"
-        )
-        if t.warnings:
-            status += f" [yellow]({len(t.warnings)} warning{'s' if len(t.warnings) > 1 else ''})[/]"
-        latency = "-"
-        if t.benchmark:
-            b = t.benchmark[0]
-            latency = f"{b['p50_ms']:.2f} ms (b{b['batch_size']})"
-        vs = getattr(t, "vs_fp32", None)
-        if vs and vs.get("rows"):
-            top = vs["rows"][-1]  # the largest batch timed
-            latency += f"\n{top['speedup']:.2f}x fp32 (b{top['batch_size']}): deploy {vs['deploy']}"
-        where = t.published["uri"] if t.published else "-"
-        rows.append(
-            {"target": t.target, "status": status, "route": t.route, "parity": _fmt_parity(t.parity),
-             "p50 latency": latency, "artifact": where}
-        )  # fmt: skip
-    return rows
-
-
-def _summary_table(result: Any, width: int | None = None) -> tuple[Table, list[str]]:
-    """Return the job's summary table and the lines to print under it.
-
-    At 120 columns and more the table holds every column. Narrower, route and artifact go
-    under the table, one target each, printed without folding so a path stays one string.
-    """
-    rows = _summary_rows(result)
-    wide = (width or out.width) >= _WIDE_SUMMARY
-    columns = ["target", "status", "route", "parity", "p50 latency", "artifact"]
-    if not wide:
-        columns = ["target", "status", "parity", "p50 latency"]
-    table = Table(title=f"kiln job {result.job_id}")
-    for col in columns:
-        table.add_column(col, overflow="fold", no_wrap=col in ("target", "p50 latency"))
-    for row in rows:
-        table.add_row(*(row[c] for c in columns))
-    below = [] if wide else [f"[bold]{r['target']}[/]: {r['route']} → {r['artifact']}" for r in rows]
-    return table, below
-
-
-def _print_summary(result: Any) -> None:
-    table, below = _summary_table(result)
-    out.print(table)
-    for line in below:
-        out.print(line, soft_wrap=True)
 
 
 @main.command("compile")
@@ -292,6 +85,13 @@ def _print_summary(result: Any) -> None:
 @click.option(
     "--quiet", "-q", is_flag=True, help="Only the summary; steps and the engines' own output go to the job's log."
 )
+@click.option(
+    "--server",
+    envvar="KILN_SERVER",
+    metavar="URL",
+    help="Compile on this Kiln service instead of here (default: KILN_SERVER); same flags, output and exit statuses.",
+)
+@click.option("--token", envvar="KILN_TOKEN", help="API token for --server (default: KILN_TOKEN).")
 @handle_errors
 def compile_cmd(
     model: Path,
@@ -311,14 +111,11 @@ def compile_cmd(
     no_benchmark: bool,
     as_json: bool,
     quiet: bool,
+    server: str | None,
+    token: str | None,
 ) -> None:
-    """Compile MODEL for each target, check it against the source and publish it."""
-    from services.pipeline import compile_model
-    from services.settings import get_settings
-    from services.storage import LocalArtifactStore
-    from services.storage.factory import repository_from_url
-
-    spec = _build_spec(
+    """Compile MODEL for each target, check it against the source and publish it (here, or on --server)."""
+    data = spec_from_flags(
         spec_file,
         targets,
         precision,
@@ -330,6 +127,27 @@ def compile_cmd(
         max_batch_size,
         serving_root,
     )
+    if server:
+        remote.compile_remote(
+            server,
+            token,
+            model,
+            data,
+            repo=repo,
+            cache_dir=cache_dir,
+            dry_run=dry_run,
+            use_cache=not no_cache,
+            as_json=as_json,
+            quiet=quiet,
+        )
+        return
+    from services.pipeline import compile_model
+    from services.settings import get_settings
+    from services.spec import load_spec
+    from services.storage import LocalArtifactStore
+    from services.storage.factory import repository_from_url
+
+    spec = load_spec(data)
     if dry_run:
         _print_plan(model, spec, as_json)
         return
@@ -347,39 +165,23 @@ def compile_cmd(
             spec,
             store=store,
             repository=repository,
-            on_event=_log_events(log) if quiet else _event_printer(progress_lines=True),
+            on_event=_log_events(log) if quiet else event_printer(progress_lines=True),
             use_cache=not no_cache,
             job_id=job_id,
         )
+    targets_out = {k: v.to_dict() for k, v in result.targets.items()}
     if as_json:
         out.print_json(
-            json.dumps(
-                {
-                    "job_id": result.job_id,
-                    "ok": result.ok,
-                    "plan": result.plan.to_dict(),
-                    "targets": {k: v.to_dict() for k, v in result.targets.items()},
-                },
-                default=str,
-            )
+            json.dumps(compile_json(result.job_id, result.ok, result.plan.to_dict(), targets_out), default=str)
         )
     else:
-        _print_summary(result)
-        for t in result.targets.values():
-            for warning in t.warnings:
-                out.print(f"[yellow]warning[/] {t.target}: {warning}", soft_wrap=True)
+        print_summary(result.job_id, list(targets_out.values()))
     if quiet:
         console.print(f"[dim]tool output and steps: {log}[/]", soft_wrap=True)
     if settings.cache_max_bytes:
         _enforce_cache_cap(store.root, settings.cache_max_bytes)
     if not result.ok:
-        for t in result.targets.values():
-            if t.error:
-                console.print(f"[red]{t.target}[/]: {t.error['code']}: {t.error['message'][:500]}")
-                if t.error.get("hint"):
-                    console.print(f"  [yellow]hint[/]: {t.error['hint']}")
-        codes = {t.error["code"] for t in result.targets.values() if t.error}
-        sys.exit(EXIT_INPUT if codes and codes <= _INPUT_CODES else EXIT_FAILED)
+        print_failures(list(targets_out.values()))
 
 
 def _print_plan(model: Path, spec: Any, as_json: bool) -> None:
@@ -576,7 +378,9 @@ def schema_cmd() -> None:
     out.print_json(json.dumps(spec_json_schema()))
 
 
+for _command in (*service_commands.COMMANDS, *secrets_commands.COMMANDS, remote.jobs_group):
+    main.add_command(_command)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()
-
-from cli import secrets_commands, service_commands  # noqa: E402,F401  (registers api, worker, migrate, serve, token, secrets)

@@ -24,9 +24,9 @@ from urllib.parse import quote
 
 import click
 
-from cli.main import handle_errors, main
+from cli.common import handle_errors
 
-__all__ = ["secrets_group"]
+__all__ = ["COMMANDS", "secrets_group"]
 
 
 def _write(path: Path, value: str, mode: int) -> None:
@@ -57,7 +57,7 @@ def admin_token() -> str:
     return f"kiln_{secrets.token_hex(4)}_{secrets.token_urlsafe(32)}"
 
 
-@main.group("secrets")
+@click.group("secrets")
 def secrets_group() -> None:
     """The deployment's generated secrets (what compose's secrets-init runs)."""
 
@@ -98,3 +98,7 @@ def secrets_init(kiln_dir: Path, postgres_dir: Path | None, s3_dir: Path | None,
         click.echo("Make per-team tokens with: kiln token create NAME --tenant TEAM --scope write")
     else:
         click.echo("Kiln secrets present; the admin token is the one shown at first start.")
+
+
+#: What cli.main registers.
+COMMANDS = (secrets_group,)

@@ -16,9 +16,9 @@ from typing import Any
 
 import click
 
-from cli.main import EXIT_INPUT, console, handle_errors, main, out
+from cli.common import EXIT_INPUT, console, handle_errors, out
 
-__all__ = ["api_cmd", "migrate_cmd", "serve_cmd", "token_group", "worker_cmd"]
+__all__ = ["COMMANDS", "api_cmd", "migrate_cmd", "serve_cmd", "token_group", "worker_cmd"]
 
 
 def _settings(**overrides: Any) -> Any:
@@ -61,7 +61,7 @@ def _open_api_settings(settings: Any, host: str) -> Any:
     return settings.model_copy(update={"allowed_hosts": "127.0.0.1,localhost,[::1]"})  # any port
 
 
-@main.command("api")
+@click.command("api")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=int)
 @click.option("--workers", default=1, show_default=True, type=int, help="uvicorn worker processes.")
@@ -100,7 +100,7 @@ def api_cmd(host: str, port: int, workers: int, access_log: bool, http_impl: str
     uvicorn.run(create_app(settings), **opts)
 
 
-@main.command("worker")
+@click.command("worker")
 @click.option(
     "--engine", "engines", multiple=True, help="Engine whose queue to serve (repeatable; default: all installed)."
 )
@@ -123,7 +123,7 @@ def worker_cmd(engines: tuple[str, ...], concurrency: int, loglevel: str) -> Non
     run_worker(_settings(), engines, concurrency=concurrency, loglevel=loglevel)
 
 
-@main.command("migrate")
+@click.command("migrate")
 @handle_errors
 def migrate_cmd() -> None:
     """Apply the job store's database migrations (Alembic upgrade head)."""
@@ -149,14 +149,16 @@ def _die_with_parent() -> None:
 class _WorkerSupervisor(threading.Thread):
     """Keeps the embedded worker process running; restarts it if it dies."""
 
-    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], embedded: Any = None) -> None:
         super().__init__(name="kiln-serve-worker", daemon=True)
-        self.argv, self.env = argv, env
+        self.argv, self.env, self.embedded = argv, env, embedded
         self.proc: subprocess.Popen[bytes] | None = None
         self.stopping = threading.Event()
 
     def run(self) -> None:
         while not self.stopping.is_set():
+            if self.embedded is not None:
+                self.embedded.started()  # its engines are starting (again): /readyz and admission wait
             self.proc = subprocess.Popen(self.argv, env=self.env, start_new_session=True, preexec_fn=_die_with_parent)
             code = self.proc.wait()
             if self.stopping.is_set():
@@ -177,7 +179,7 @@ class _WorkerSupervisor(threading.Thread):
             proc.wait()
 
 
-@main.command("serve")
+@click.command("serve")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=int)
 @click.option(
@@ -199,6 +201,7 @@ def serve_cmd(host: str, port: int, repo: str, concurrency: int) -> None:
     import uvicorn
 
     from api.app import create_app
+    from api.readiness import EmbeddedWorkers
     from services.jobs.db import database_url
     from services.jobs.migrate import upgrade
     from services.repository.local import LocalModelRepository
@@ -226,7 +229,8 @@ def serve_cmd(host: str, port: int, repo: str, concurrency: int) -> None:
     argv = [sys.executable, "-c", "from cli.main import main; main()", "worker", "--concurrency", str(concurrency)]
     for e in engines:
         argv += ["--engine", e]
-    supervisor = _WorkerSupervisor(argv, env)
+    embedded = EmbeddedWorkers(engines, settings.embedded_start_seconds)
+    supervisor = _WorkerSupervisor(argv, env, embedded)
     supervisor.start()
     console.print(f"kiln serve: API on http://{host}:{port}, worker for {', '.join(engines)}, repository {repo}")
     if not settings.auth_enabled:
@@ -234,12 +238,12 @@ def serve_cmd(host: str, port: int, repo: str, concurrency: int) -> None:
             "kiln serve: auth is off: anyone on this machine is an admin; other sites' pages may not change anything"
         )
     try:
-        uvicorn.run(create_app(settings), host=host, port=port, proxy_headers=False)
+        uvicorn.run(create_app(settings, embedded=embedded), host=host, port=port, proxy_headers=False)
     finally:
         supervisor.stop()
 
 
-@main.group("token")
+@click.group("token")
 def token_group() -> None:
     """Manage API tokens (used when KILN_AUTH_ENABLED=true)."""
 
@@ -294,3 +298,7 @@ def token_list() -> None:
     for t in TokenStore(database_url(_settings())).list_tokens():
         state = f"revoked {t.revoked_at:%Y-%m-%d}" if t.revoked_at else "active"
         out.print(f"{t.name}\t{t.tenant}\t{t.scopes}\t{state}")
+
+
+#: What cli.main registers.
+COMMANDS = (api_cmd, worker_cmd, migrate_cmd, serve_cmd, token_group)

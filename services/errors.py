@@ -15,6 +15,7 @@ __all__ = [
     "ConversionFailed",
     "EngineUnavailable",
     "Forbidden",
+    "IdempotencyKeyReused",
     "InvalidSettings",
     "InvalidSpec",
     "KilnError",
@@ -192,6 +193,14 @@ class InvalidSettings(KilnError):
     default_hint = "Fix the KILN_* settings named above (services/settings.py documents each); see docs/security.md."
 
 
+class IdempotencyKeyReused(KilnError):
+    code = "IDEMPOTENCY_KEY_REUSED"
+    default_hint = (
+        "An Idempotency-Key names one request: this key was sent with another model or spec within 24 h. "
+        "Send a new key for a new request (the same key only to repeat the same one)."
+    )
+
+
 class UnsupportedOps(KilnError):
     code = "UNSUPPORTED_OPS"
     default_hint = "The target engine cannot import some of the model's operators; the list is in the details."
@@ -220,6 +229,7 @@ _BY_CODE: dict[str, type[KilnError]] = {
         ServiceUnavailable,
         UnsupportedOps,
         StorageFull,
+        IdempotencyKeyReused,
     )
 }
 
@@ -247,6 +257,7 @@ HTTP_STATUS: dict[str, int] = {
     "INVALID_SETTINGS": 500,
     "INTERNAL": 500,
     "STORAGE_FULL": 507,
+    "IDEMPOTENCY_KEY_REUSED": 409,
     # The web framework's own refusals (api/errors.py FRAMEWORK_CODES), before any Kiln code runs.
     "MALFORMED_REQUEST": 400,
     "METHOD_NOT_ALLOWED": 405,

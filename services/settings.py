@@ -185,6 +185,33 @@ class Settings(BaseSettings):
         "ENGINE_UNAVAILABLE (jobs are only accepted that way with the spec's wait_for_workers).",
     )
 
+    embedded_start_seconds: float = Field(
+        default=180.0,
+        gt=0,
+        description="`kiln serve`: seconds its own worker may take to start (after each restart). Meanwhile "
+        "/readyz answers 503 starting and jobs for its engines are accepted and wait; after that an engine "
+        "still missing is reported unavailable.",
+    )
+
+    # --- webhooks (the spec's notify; services/webhooks.py) ---
+    webhook_secret: SecretStr = Field(
+        default=SecretStr(""),
+        description="HMAC-SHA256 key signing the webhooks of jobs whose notify has no secret of its own. Empty: "
+        "such a job is refused (INVALID_SPEC).",
+    )
+    webhook_allow_networks: str = Field(
+        default="",
+        description="Comma-separated CIDRs (127.0.0.0/8, 10.1.2.0/24) that webhooks may reach although they are "
+        "loopback, link-local or private; every other such address is refused, so a job cannot make the service "
+        "probe its own network. Empty: public addresses only.",
+    )
+    webhook_attempts: int = Field(default=6, ge=1, le=50, description="Tries per webhook before giving up.")
+    webhook_retry_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description="Wait before a webhook's second try; doubled for each further one (up to 10 min).",
+    )
+
     @model_validator(mode="after")
     def _refuse_unsafe_production(self) -> Settings:
         if self.environment is Environment.PRODUCTION:
@@ -217,6 +244,10 @@ class Settings(BaseSettings):
     @property
     def allowed_origin_list(self) -> list[str]:
         return [o.rstrip("/").lower() for o in _split(self.allowed_origins)]
+
+    @property
+    def webhook_allowed_networks(self) -> list[str]:
+        return _split(self.webhook_allow_networks)
 
     @property
     def allowed_host_list(self) -> list[str]:

@@ -15,6 +15,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SecretStr,
     ValidationError,
     ValidationInfo,
     create_model,
@@ -32,6 +33,8 @@ __all__ = [
     "BenchmarkSpec",
     "CompileSpec",
     "InputSpec",
+    "NotifyEvent",
+    "NotifySpec",
     "Precision",
     "ServingSpec",
     "TargetName",
@@ -279,6 +282,47 @@ class ServingSpec(_Strict):
     )
 
 
+class NotifyEvent(str, Enum):
+    """When a webhook is called: when the job ends (``finished``), or only when it ends so."""
+
+    FINISHED = "finished"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+#: The shortest webhook secret accepted: 128 bits as hex.
+MIN_WEBHOOK_SECRET = 16
+
+
+class NotifySpec(_Strict):
+    """A webhook (service only): a signed POST of the job's summary to ``url`` when it ends."""
+
+    url: str = Field(
+        max_length=2048,
+        pattern=r"^https?://[^\s/?#]+",
+        description="Where to POST: an http(s) URL. Loopback, link-local and private addresses are refused unless "
+        "the operator allows them (KILN_WEBHOOK_ALLOW_NETWORKS).",
+    )
+    events: list[NotifyEvent] = Field(
+        default_factory=lambda: [NotifyEvent.FINISHED],
+        min_length=1,
+        description="When to call it: finished (whenever the job ends), succeeded, failed, cancelled.",
+    )
+    secret: SecretStr | None = Field(
+        default=None,
+        description="The HMAC-SHA256 key that signs each POST (X-Kiln-Signature), at least 16 characters. "
+        "Write-only: kept out of the job's stored and shown spec. Unset: the service's KILN_WEBHOOK_SECRET.",
+    )
+
+    @field_validator("secret")
+    @classmethod
+    def _long_enough(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and len(v.get_secret_value()) < MIN_WEBHOOK_SECRET:
+            raise ValueError(f"must have at least {MIN_WEBHOOK_SECRET} characters")
+        return v
+
+
 #: The largest batch size timed by default: enough to show batching's effect, small enough to be quick.
 DEFAULT_BENCHMARK_MAX_BATCH = 8
 
@@ -378,6 +422,11 @@ class CompileSpec(_Strict):
         ),
     )
     serving: ServingSpec = Field(default_factory=ServingSpec, description="How servers load the repository.")
+    notify: NotifySpec | None = Field(
+        default=None,
+        description="Service only: a webhook called when the job ends (a signed POST of its summary, retried; "
+        "recorded in the job's events). `kiln compile` run locally ignores it.",
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -11,6 +11,8 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, str(Path(__file__).parent))
+# kiln_client is a package of its own (clients/python); the tests use the checkout's copy.
+sys.path.insert(0, str(Path(__file__).parents[1] / "clients" / "python"))
 
 from models import tiny_cnn_onnx, tiny_transformer_onnx
 from storage_servers import s3_server  # noqa: F401 - session fixture: a real S3 server on loopback

@@ -13,15 +13,17 @@ import pytest
 from jobs_support import create_pg_database, migrated_pg
 from sqlalchemy import select, text, update
 
-from services.errors import Forbidden, InvalidSpec, NotFound, ServiceUnavailable
+from services.errors import Forbidden, IdempotencyKeyReused, InvalidSpec, NotFound, ServiceUnavailable
 from services.formats import Format
 from services.graph.planner import plan_routes
+from services.jobs.idempotency import KEY_LIFETIME, IdempotencyClaim, KeyTaken, KnownKey
 from services.jobs.migrate import upgrade
 from services.jobs.model_names import published_names
-from services.jobs.models import DashboardSession, Job, JobStep
+from services.jobs.models import DashboardSession, IdempotencyKey, Job, JobStep
 from services.jobs.store import JobFilter, JobStore, NewJob
 from services.jobs.stores import JobStores
 from services.jobs.tokens import TokenStore, hash_token
+from services.jobs.webhooks import NewWebhook
 from services.spec import load_spec
 
 
@@ -614,3 +616,98 @@ def test_migration_0004_gives_existing_jobs_and_names_to_the_default_tenant(tmp_
         assert stores.jobs.get_job("j1", "default").tenant == "default"
         assert [t.tenant for t in stores.tokens.list_tokens()] == ["default"]
         assert stores.model_names.owned_by("default") == {"legacy-onnxruntime", "legacy-openvino"}
+
+
+def _keyed_job(jobs: JobStores, claim: IdempotencyClaim, name: str) -> str:
+    spec = load_spec({"targets": ["onnxruntime"]})
+    new = NewJob(
+        name=name,
+        spec=spec.model_dump(mode="json"),
+        plan=plan_routes(Format.ONNX, spec, default_name=name),
+        source_key="sources/abc",
+        source_sha256="ab" * 32,
+        source_filename="cnn.onnx",
+        source_format="onnx",
+        tenant=claim.tenant,
+    )
+    jobs.jobs.submit_job(new, idempotency=claim)
+    return new.id
+
+
+def test_racing_submits_with_one_idempotency_key_record_one_job(jobs: JobStores) -> None:
+    claim = IdempotencyClaim("team-a", f"key-{uuid.uuid4().hex}", "f" * 64)
+    name = f"keyed-{uuid.uuid4().hex[:8]}"
+    outcomes: list[str] = []
+
+    def submit() -> None:
+        try:
+            outcomes.append("recorded " + _keyed_job(jobs, claim, name))
+        except KeyTaken as taken:
+            outcomes.append("answered " + taken.known.job_id)
+
+    threads = [threading.Thread(target=submit) for _ in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    recorded = [o.split()[1] for o in outcomes if o.startswith("recorded")]
+    assert len(recorded) == 1 and len(outcomes) == 5, outcomes
+    assert {o.split()[1] for o in outcomes} == set(recorded)  # the losers were told the winner's job
+    assert jobs.idempotency.find("team-a", claim.key) == KnownKey(recorded[0], claim.fingerprint)
+    assert jobs.jobs.list_jobs(filters=JobFilter(name=name))[1] == 1  # the losers' jobs were rolled back
+    # A key is per tenant: another tenant's key of the same spelling is another key.
+    other = _keyed_job(jobs, IdempotencyClaim("team-b", claim.key, "e" * 64), f"{name}-b")
+    assert jobs.idempotency.find("team-b", claim.key) == KnownKey(other, "e" * 64)
+    with pytest.raises(IdempotencyKeyReused) as reused:
+        KnownKey(recorded[0], claim.fingerprint).answer(IdempotencyClaim("team-a", claim.key, "0" * 64))
+    assert reused.value.details["job_id"] == recorded[0]
+
+
+def test_an_idempotency_key_lives_a_day_and_goes_with_its_job(jobs: JobStores) -> None:
+    claim = IdempotencyClaim("team-a", f"key-{uuid.uuid4().hex}", "f" * 64)
+    name = f"keyed-{uuid.uuid4().hex[:8]}"
+    first = _keyed_job(jobs, claim, name)
+    with jobs.db.write() as s:  # a day and a second ago
+        s.execute(
+            update(IdempotencyKey)
+            .where(IdempotencyKey.key == claim.key)
+            .values(created_at=jobs.jobs.now() - KEY_LIFETIME - timedelta(seconds=1))
+        )
+    assert jobs.idempotency.find("team-a", claim.key) is None
+    second = _keyed_job(jobs, claim, name)  # the expired key is taken over by the new job
+    assert jobs.idempotency.find("team-a", claim.key) == KnownKey(second, claim.fingerprint)
+    assert first != second
+    jobs.jobs.delete_job(second)
+    assert jobs.idempotency.find("team-a", claim.key) is None
+
+
+@pytest.mark.parametrize(("events", "state"), [(["finished"], "due"), (["succeeded"], "not_sent")])
+def test_a_jobs_end_makes_its_webhook_due_only_for_the_events_it_asked_for(
+    jobs: JobStores, events: list[str], state: str
+) -> None:
+    spec = load_spec({"targets": ["onnxruntime"]})
+    name = f"hooked-{uuid.uuid4().hex[:8]}"
+    new = NewJob(
+        name=name,
+        spec=spec.model_dump(mode="json"),
+        plan=plan_routes(Format.ONNX, spec, default_name=name),
+        source_key="sources/abc",
+        source_sha256="ab" * 32,
+        source_filename="cnn.onnx",
+        source_format="onnx",
+        webhook=NewWebhook(url="https://hooks.example.com/k?token=t", events=events, secret="x" * 20),
+    )
+    jobs.jobs.submit_job(new)
+    assert jobs.webhooks.state(new.id) == {"state": "waiting", "event": None, "attempts": 0, "last_error": None}
+    assert new.id not in jobs.webhooks.due()
+    jobs.jobs.cancel_job(new.id)
+    assert jobs.webhooks.state(new.id)["state"] == state  # type: ignore[index]
+    assert (new.id in jobs.webhooks.due(limit=500)) == (state == "due")
+    if state == "due":
+        claim = jobs.webhooks.claim(new.id)
+        assert claim is not None and claim.attempt == 1 and claim.event == "cancelled"
+        assert jobs.webhooks.claim(new.id) is None  # held by the first sender
+        jobs.webhooks.failed(claim, "HTTP 502", retry_in=None)
+        assert jobs.webhooks.state(new.id)["state"] == "gave_up"  # type: ignore[index]
+        last = jobs.jobs.events(new.id)[-1]
+        assert last.type == "webhook_gave_up" and last.data["url"] == "https://hooks.example.com"

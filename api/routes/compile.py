@@ -8,14 +8,26 @@ from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
-from api.deps import CeleryDep, JobStoreDep, RegistryDep, SettingsDep, StoreDep, WorkersDep, WriteAuth
+from api.deps import (
+    CeleryDep,
+    IdempotencyDep,
+    JobStoreDep,
+    RegistryDep,
+    SettingsDep,
+    StoreDep,
+    WorkersDep,
+    WriteAuth,
+)
+from api.idempotency import IDEMPOTENCY_RESPONSES, IdempotencyKeyHeader, replay, upload_fingerprint
 from api.schemas import ErrorPublic, JobAccepted
 from api.submission import submit_job
 from api.upload import receive_upload
+from services.jobs.idempotency import IdempotencyClaim, KeyTaken
 
 router = APIRouter(tags=["jobs"])
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
+    **IDEMPOTENCY_RESPONSES,
     400: {
         "model": ErrorPublic,
         "description": "SOURCE_UNREADABLE, UNSAFE_INPUT (archive with .., absolute paths, links, a bomb)",
@@ -31,7 +43,8 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     503: {
         "model": ErrorPublic,
         "description": "SERVICE_UNAVAILABLE (broker down), ENGINE_UNAVAILABLE (an engine the job needs has no "
-        "live worker and the spec does not set wait_for_workers)",
+        "live worker and the spec does not set wait_for_workers; under `kiln serve` an engine whose own worker "
+        "is still starting is not refused: the job waits)",
     },
 }
 
@@ -79,30 +92,47 @@ async def submit(
     store: StoreDep,
     celery: CeleryDep,
     registry: RegistryDep,
+    keys: IdempotencyDep,
+    idempotency_key: IdempotencyKeyHeader = None,
     cache: bool = Query(True, description="Take step outputs from the cache when present."),
 ) -> JSONResponse:
     """Stream the upload to the artifact store, plan it and queue it for the caller's tenant; 202 with the job id.
 
-    A `name` (or `<name>-<target>`) another tenant publishes under is FORBIDDEN.
+    A `name` (or `<name>-<target>`) another tenant publishes under is FORBIDDEN. With an
+    `Idempotency-Key`, a repeat of the same request answers 200 with the first job.
     """
     scratch = request.app.state.scratch.dir
     upload = await receive_upload(request, max_bytes=settings.max_upload_bytes, tmp_root=scratch / "uploads")
     request.app.state.metrics.upload_bytes.inc(upload.total_bytes)
+    claim = None
+    if idempotency_key is not None:
+        claim = IdempotencyClaim(principal.tenant, idempotency_key, upload_fingerprint(upload, cache))
+        known = await run_in_threadpool(keys.find, claim.tenant, claim.key)
+        if known is not None:
+            upload.cleanup()
+            return await replay(jobs, known, claim)
     # One trip to a worker thread for the blocking part: detect, plan, store, record, enqueue.
-    job_id = await run_in_threadpool(
-        submit_job,
-        upload,
-        jobs=jobs,
-        workers=workers,
-        store=store,
-        registry=registry,
-        celery_app=celery,
-        use_cache=cache,
-        principal=principal,
-        scratch_root=scratch / "detect",
-        worker_max_age=request.app.state.worker_max_age,
-        vet=settings.vet_uploads,
-    )
+    try:
+        job_id = await run_in_threadpool(
+            submit_job,
+            upload,
+            jobs=jobs,
+            workers=workers,
+            store=store,
+            registry=registry,
+            celery_app=celery,
+            use_cache=cache,
+            principal=principal,
+            scratch_root=scratch / "detect",
+            worker_max_age=request.app.state.worker_max_age,
+            vet=settings.vet_uploads,
+            idempotency=claim,
+            embedded=request.app.state.embedded,
+            webhooks=request.app.state.webhook_policy,
+        )
+    except KeyTaken as taken:  # a repeat that raced the first attempt: that one recorded the job
+        assert claim is not None
+        return await replay(jobs, taken.known, claim)
     request.app.state.metrics.jobs_submitted.inc()
     url = f"/jobs/{job_id}"
     body = JobAccepted(id=job_id, url=url, events_url=f"{url}/events")

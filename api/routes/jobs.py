@@ -20,7 +20,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from api.deps import CeleryDep, JobStoreDep, ReadAuth, RegistryDep, StoreDep, WriteAuth
+from api.deps import CeleryDep, IdempotencyDep, JobStoreDep, ReadAuth, RegistryDep, StoreDep, WriteAuth
+from api.idempotency import IDEMPOTENCY_RESPONSES, IdempotencyKeyHeader, replay, resubmit_fingerprint
 from api.polling import CachedBody, JobBodies, JobVersions
 from api.schemas import ErrorPublic, JobAccepted, JobPublic, JobSort, JobsPublic, JobStatus, ResubmitRequest
 from api.submission import resubmit
@@ -28,6 +29,7 @@ from api.views import job_public
 from services.artifacts import DESCRIPTOR
 from services.errors import NotFound
 from services.graph.planner import Plan
+from services.jobs.idempotency import IdempotencyClaim, KeyTaken
 from services.jobs.models import FINAL_JOB_STATES, OPEN_STEP_STATES, JobEvent
 from services.jobs.store import JobFilter, JobStore
 from services.pipeline.fallback import routing
@@ -288,7 +290,11 @@ def job_log_lines(jobs: JobStore, job_id: str, tenant: str | None) -> list[str]:
     "/{job_id}/resubmit",
     status_code=202,
     response_model=JobAccepted,
-    responses={**_404, 422: {"model": ErrorPublic, "description": "INVALID_SPEC, NO_ROUTE"}},
+    responses={
+        **_404,
+        **IDEMPOTENCY_RESPONSES,
+        422: {"model": ErrorPublic, "description": "INVALID_SPEC, NO_ROUTE"},
+    },
     summary="Submit a job again: same source, same or edited spec",
 )
 async def resubmit_job(
@@ -299,16 +305,39 @@ async def resubmit_job(
     store: StoreDep,
     celery: CeleryDep,
     registry: RegistryDep,
+    keys: IdempotencyDep,
+    idempotency_key: IdempotencyKeyHeader = None,
     body: ResubmitRequest | None = None,
 ) -> JSONResponse:
     """Queue a new job on the stored source (and calibration) of `job_id`, with its spec or `spec` from the body.
 
-    Nothing is uploaded again, and steps whose inputs are unchanged come from the cache.
+    Nothing is uploaded again, and steps whose inputs are unchanged come from the cache. With
+    an `Idempotency-Key`, a repeat of the same request answers 200 with the first new job.
     """
     spec = body.spec if body is not None else None
-    new_id = await run_in_threadpool(
-        resubmit, jobs, store, registry, celery, job_id, spec, principal=principal, use_cache=True
-    )
+    claim = None
+    if idempotency_key is not None:
+        claim = IdempotencyClaim(principal.tenant, idempotency_key, resubmit_fingerprint(job_id, spec))
+        known = await run_in_threadpool(keys.find, claim.tenant, claim.key)
+        if known is not None:
+            return await replay(jobs, known, claim)
+    try:
+        new_id = await run_in_threadpool(
+            resubmit,
+            jobs,
+            store,
+            registry,
+            celery,
+            job_id,
+            spec,
+            principal=principal,
+            use_cache=True,
+            idempotency=claim,
+            webhooks=request.app.state.webhook_policy,
+        )
+    except KeyTaken as taken:  # a repeat that raced the first attempt
+        assert claim is not None
+        return await replay(jobs, taken.known, claim)
     request.app.state.metrics.jobs_submitted.inc()
     url = f"/jobs/{new_id}"
     accepted = JobAccepted(id=new_id, url=url, events_url=f"{url}/events")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
@@ -112,23 +112,56 @@ def _broker_ok(celery_app: Any) -> None:
 @router.get(
     "/readyz",
     response_model=ReadyPublic,
-    responses={503: {"model": ReadyPublic, "description": "A backing service is down; `checks` says which."}},
-    summary="Readiness: broker, database and storage answer",
+    responses={
+        503: {
+            "model": ReadyPublic,
+            "description": "Not ready: a backing service is down (`unavailable`, `checks` says which), or `kiln serve`'s "
+            "own workers are still starting (`starting` names their engines).",
+        }
+    },
+    summary="Readiness: broker, database and storage answer (and `kiln serve`'s workers have started)",
 )
 async def readyz(request: Request) -> JSONResponse:
-    checks = await run_in_threadpool(readiness_checks, request.app.state)
+    """Answer 200 `ready` when the service can run jobs; 503 `starting` or `unavailable` otherwise.
+
+    Under `kiln serve`, ready also means that its workers for the engines installed have
+    started: until then (bounded by KILN_EMBEDDED_START_SECONDS) the answer is 503 `starting`,
+    with the engines in `starting` (jobs submitted meanwhile are accepted and wait).
+    """
+    checks, starting = await run_in_threadpool(_readiness, request.app.state)
     ok = all(v == "ok" for v in checks.values())
-    body = ReadyPublic(status="ready" if ok else "unavailable", checks=checks)
+    only_starting = bool(starting) and all(v == "ok" for k, v in checks.items() if k != "workers")
+    status: Literal["ready", "starting", "unavailable"] = (
+        "ready" if ok else "starting" if only_starting else "unavailable"
+    )
+    body = ReadyPublic(status=status, checks=checks, starting=starting)
     return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
 
 
+def _live_engines(state: Any) -> set[str]:
+    return {e for w in state.workers.live_workers(state.worker_max_age) for e in w.engines}
+
+
+def _readiness(state: Any) -> tuple[dict[str, str], list[str]]:
+    checks = readiness_checks(state)
+    embedded = getattr(state, "embedded", None)
+    starting = embedded.starting(_live_engines(state)) if embedded is not None and checks["database"] == "ok" else []
+    return checks, starting
+
+
 def readiness_checks(state: Any) -> dict[str, str]:
-    """Return broker, database and storage: "ok" or what failed (blocking: call it off the event loop)."""
-    return {
+    """Return broker, database, storage (and `kiln serve`'s workers): "ok" or what failed (blocking: call it off the event loop)."""
+    checks = {
         "broker": _check(lambda: _broker_ok(state.celery)),
         "database": _check(state.jobs.ping),
         "storage": _check(lambda: state.store.exists("readyz-probe")),
     }
+    embedded = getattr(state, "embedded", None)
+    if embedded is not None:
+        checks["workers"] = (
+            embedded.verdict(_live_engines(state)) if checks["database"] == "ok" else "unknown (no database)"
+        )
+    return checks
 
 
 @router.get(

@@ -1,12 +1,12 @@
-"""The job store: jobs, their steps and events, API tokens, sessions, model names and live workers, in SQL.
+"""The job store: jobs, their steps and events, API tokens, sessions, model names, idempotency keys and live workers, in SQL.
 
 SQLAlchemy 2 models with Alembic migrations; SQLite by default (embedded), PostgreSQL in
 production. The store is the service's source of truth: the broker carries only
 ``(job_id, step_id)``, and every state change is a guarded UPDATE so a redelivered message
 cannot run or publish twice. One store per concern, on one shared database
 (services.jobs.database): ``JobStore`` (jobs and their events), ``StepScheduler`` (claiming,
-recording and advancing steps), ``WorkerRegistry``, ``TokenStore``, ``SessionStore`` and
-``ModelNames``; ``JobStores`` opens them together.
+recording and advancing steps), ``WorkerRegistry``, ``TokenStore``, ``SessionStore``,
+``ModelNames`` and ``IdempotencyKeys``; ``JobStores`` opens them together.
 
 Names are imported lazily: step children import ``services.jobs.backends`` and must not
 pay for SQLAlchemy.
@@ -19,6 +19,7 @@ from typing import Any
 
 __all__ = [
     "ApiToken",
+    "IdempotencyKeys",
     "Job",
     "JobDatabase",
     "JobEvent",
@@ -38,6 +39,7 @@ __all__ = [
 
 _WHERE = {
     "ApiToken": "services.jobs.models",
+    "IdempotencyKeys": "services.jobs.idempotency",
     "Job": "services.jobs.models",
     "JobEvent": "services.jobs.models",
     "JobStep": "services.jobs.models",

@@ -28,11 +28,13 @@ __all__ = [
     "ApiToken",
     "Base",
     "DashboardSession",
+    "IdempotencyKey",
     "Job",
     "JobEvent",
     "JobStep",
     "ModelName",
     "UTCDateTime",
+    "Webhook",
     "WorkerRecord",
     "utcnow",
 ]
@@ -225,3 +227,41 @@ class DashboardSession(Base):
     token_id: Mapped[str] = mapped_column(ForeignKey("api_tokens.id", ondelete="CASCADE"), index=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+
+
+class IdempotencyKey(Base):
+    """A submit's ``Idempotency-Key``, per tenant: the job it made and a fingerprint of its request.
+
+    The same key with the same request within a day answers that job again; with another
+    request, IDEMPOTENCY_KEY_REUSED. Recorded in the transaction that records the job.
+    """
+
+    __tablename__ = "idempotency_keys"
+
+    tenant: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+
+
+class Webhook(Base):
+    """A job's webhook (the spec's ``notify``) and its delivery: waiting for the job's end, due, delivered or given up.
+
+    The secret is kept here, never in the job's spec. The job's final transition marks it
+    due; any API process delivers it (a claim with a lease keeps two from sending at once).
+    """
+
+    __tablename__ = "webhooks"
+    __table_args__ = (Index("ix_webhooks_state_next_at", "state", "next_at"),)
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    url: Mapped[str] = mapped_column(String(2048))
+    events: Mapped[list[Any]] = mapped_column(JSON)
+    secret: Mapped[str] = mapped_column(String(255))
+    state: Mapped[str] = mapped_column(String(16), default="waiting")  # waiting|due|delivered|gave_up|not_sent
+    event: Mapped[str | None] = mapped_column(String(16), nullable=True)  # the job's final status
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    claimed_until: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)

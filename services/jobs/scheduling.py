@@ -30,6 +30,7 @@ from services.errors import EngineUnavailable, NotFound
 from services.graph.planner import Plan
 from services.jobs.database import JobDatabase, JobPlan, job_database
 from services.jobs.models import FINAL_JOB_STATES, OPEN_STEP_STATES, Job, JobStep, utcnow
+from services.jobs.webhooks import mark_due
 from services.pipeline.fallback import TargetRouting, needed_steps, route_failed_event, route_failures, routing
 from services.pipeline.results import blocked_by, target_results
 from services.public_errors import public_error
@@ -350,6 +351,7 @@ class StepScheduler:
         job.cached = all(r.cached for r in rows.values() if not (r.meta or {}).get("not_needed"))
         job.finished_at = now
         self.db.add_event(s, job_id, "finished", status=job.status, ok=all_ok, cached=job.cached)
+        mark_due(s, job_id, job.status, now)
         return Advance(queued=[], final_status=job.status)
 
     def requeue_stale(self, stale_after: float, lost_after: float) -> list[tuple[str, str, str]]:

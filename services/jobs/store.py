@@ -22,9 +22,20 @@ from sqlalchemy.orm import Session, defer, selectinload
 from services.errors import Cancelled, KilnError, NotFound
 from services.graph.planner import Plan
 from services.jobs.database import JobDatabase, JobPlan, job_database
+from services.jobs.idempotency import IdempotencyClaim, claim_key
 from services.jobs.model_names import claim_names, published_names
-from services.jobs.models import DEFAULT_TENANT, FINAL_JOB_STATES, Job, JobEvent, JobStep, utcnow
+from services.jobs.models import (
+    DEFAULT_TENANT,
+    FINAL_JOB_STATES,
+    IdempotencyKey,
+    Job,
+    JobEvent,
+    JobStep,
+    Webhook,
+    utcnow,
+)
 from services.jobs.scheduling import Advance, StepScheduler
+from services.jobs.webhooks import NewWebhook, mark_due, record_webhook
 from services.public_errors import public_error
 
 __all__ = ["JobFilter", "JobStore", "JobVersion", "NewJob"]
@@ -49,6 +60,7 @@ class NewJob:
     use_cache: bool = True
     owner: str | None = None
     tenant: str = DEFAULT_TENANT
+    webhook: NewWebhook | None = None  # the spec's notify, with its secret (kept out of ``spec``)
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
@@ -137,16 +149,22 @@ class JobStore:
             self._insert_job(s, new, utcnow())
         return new.id
 
-    def submit_job(self, new: NewJob, *, any_names: bool = False) -> Advance:
+    def submit_job(
+        self, new: NewJob, *, any_names: bool = False, idempotency: IdempotencyClaim | None = None
+    ) -> Advance:
         """Record an accepted job and queue its first steps in one transaction; return what to enqueue.
 
         The model names the job publishes under are claimed for its tenant in the same
         transaction: a name another tenant owns is FORBIDDEN, unless ``any_names`` (an admin).
+        So is ``idempotency``'s key: when another job holds it, nothing is recorded and
+        :class:`~services.jobs.idempotency.KeyTaken` names that job.
         """
         now = utcnow()
         with self.db.write() as s:
             claim_names(s, new.tenant, published_names(new.plan), any_owner=any_names)
             job, rows = self._insert_job(s, new, now)
+            if idempotency is not None:
+                claim_key(s, idempotency, new.id, now)
             return self._steps.advance_locked(s, job, rows, JobPlan.of(job.plan, job.spec), now)
 
     def _insert_job(self, s: Session, new: NewJob, now: datetime) -> tuple[Job, dict[str, JobStep]]:
@@ -173,6 +191,8 @@ class JobStore:
             created_at=now,
         )
         s.add(job)
+        if new.webhook is not None:
+            record_webhook(s, new.id, new.webhook)
         rows = {}
         for i, step in enumerate(new.plan.steps):
             rows[step.id] = JobStep(
@@ -295,6 +315,7 @@ class JobStore:
             )
             self.db.add_event(s, job_id, "failed", error=body)
             self.db.add_event(s, job_id, "finished", status="failed", ok=False)
+            mark_due(s, job_id, "failed", now)
 
     def cancel_job(self, job_id: str, tenant: str | None = None) -> bool:
         """Cancel a job: open steps never run, running ones are stopped by their worker.
@@ -319,6 +340,7 @@ class JobStore:
             )
             self.db.add_event(s, job_id, "cancelled")
             self.db.add_event(s, job_id, "finished", status="cancelled", ok=False)
+            mark_due(s, job_id, "cancelled", now)
             return True
 
     # --- housekeeping ---------------------------------------------------------------------
@@ -327,6 +349,8 @@ class JobStore:
         """Remove a job and its steps and events (tests and retention)."""
         self.db.forget_plan(job_id)
         with self.db.write() as s:
+            s.execute(delete(IdempotencyKey).where(IdempotencyKey.job_id == job_id))
+            s.execute(delete(Webhook).where(Webhook.job_id == job_id))
             s.execute(delete(JobEvent).where(JobEvent.job_id == job_id))
             s.execute(delete(JobStep).where(JobStep.job_id == job_id))
             s.execute(delete(Job).where(Job.id == job_id))

@@ -5,11 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.jobs.database import JobDatabase, job_database
+from services.jobs.idempotency import IdempotencyKeys
 from services.jobs.model_names import ModelNames
 from services.jobs.scheduling import StepScheduler
 from services.jobs.sessions import SessionStore
 from services.jobs.store import JobStore
 from services.jobs.tokens import TokenStore
+from services.jobs.webhooks import WebhookStore
 from services.jobs.worker_registry import WorkerRegistry
 
 __all__ = ["JobStores"]
@@ -26,6 +28,8 @@ class JobStores:
     tokens: TokenStore
     sessions: SessionStore
     model_names: ModelNames
+    idempotency: IdempotencyKeys
+    webhooks: WebhookStore
 
     @classmethod
     def open(cls, where: JobDatabase | str) -> JobStores:
@@ -38,4 +42,6 @@ class JobStores:
             tokens=TokenStore(db),
             sessions=SessionStore(db),
             model_names=ModelNames(db),
+            idempotency=IdempotencyKeys(db),
+            webhooks=WebhookStore(db),
         )
