@@ -58,7 +58,8 @@
       } else if (kind === "integer" || kind === "number") { setPath(spec, path, Number(raw)); }
       else { setPath(spec, path, raw); }
     });
-    for (const [path, values] of Object.entries(arrays)) setPath(spec, path, values);
+    // An empty choice inside an optional section (notify.events) leaves the section out.
+    for (const [path, values] of Object.entries(arrays)) if (values.length || !path.includes(".")) setPath(spec, path, values);
     const advanced = document.getElementById("advanced").value.trim();
     if (advanced) {
       try { merge(spec, JSON.parse(advanced)); } catch (e) { throw new Error("advanced spec is not JSON: " + e.message); }
