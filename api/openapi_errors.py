@@ -10,7 +10,8 @@ layers around it and are added here for every operation, so the document cannot 
 - 500 INTERNAL and 503 SERVICE_UNAVAILABLE from api/errors.py's middleware, and 507
   STORAGE_FULL on uploads.
 
-An error body is always JSON, also on routes whose success is text or a tar.
+An error body is always JSON, also on routes whose success is text or a tar. FastAPI's own
+``HTTPValidationError`` for 422 is replaced too: api/errors.py answers INVALID_SPEC instead.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from api.schemas import ErrorPublic
 __all__ = ["document_errors"]
 
 _REF = "#/components/schemas/ErrorPublic"
+#: Schemas FastAPI adds for its 422 answer, which the API never sends.
+_FASTAPI_422 = ("HTTPValidationError", "ValidationError")
 
 
 def _statuses(op: dict[str, Any]) -> dict[str, str]:
@@ -50,15 +53,17 @@ def document_errors(doc: dict[str, Any]) -> None:
             responses = op.setdefault("responses", {})
             for status, description in _statuses(op).items():
                 responses.setdefault(status, {"description": description})
+                if responses[status].get("description") == "Validation Error":  # FastAPI's 422
+                    responses[status]["description"] = description
             for status, response in responses.items():
                 if not status.isdigit() or int(status) < 400:
                     continue
                 content = response.get("content", {})
                 # A route's own error model (e.g. /readyz's checks) stays; anything else is ErrorPublic.
-                if (
-                    "application/json" not in content
-                    or content["application/json"].get("schema", {}).get("$ref") is None
-                ):
+                ref = content.get("application/json", {}).get("schema", {}).get("$ref")
+                if ref is None or ref.rsplit("/", 1)[-1] in _FASTAPI_422:
                     response["content"] = {"application/json": {"schema": {"$ref": _REF}}}
                 elif len(content) > 1:
                     response["content"] = {"application/json": content["application/json"]}
+    for name in _FASTAPI_422:
+        schemas.pop(name, None)

@@ -12,6 +12,7 @@ import atexit
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -35,6 +36,24 @@ REDIS_BASE = os.environ.get("KILN_TEST_REDIS", "redis://127.0.0.1:6379").rstrip(
 #: lives: the console script beside the interpreter, else the CLI module run by it.
 _SCRIPT = Path(sys.executable).parent / "kiln"
 KILN_CMD: list[str] = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "cli.main"]
+
+
+def tool_python(variable: str, makefile_venv: str, make_target: str, what: str) -> Path:
+    """Return the interpreter of a tool kept in a venv of its own: $variable, else the Makefile's venv.
+
+    ``makefile_venv`` names the Makefile variable holding the venv's folder (AIRFLOW_VENV, ...),
+    which ``make make_target`` builds; the test skips, saying so, when neither is there.
+    """
+    given = os.environ.get(variable)
+    if given:
+        python = Path(given)
+    else:
+        found = re.search(rf"^{makefile_venv}\s*:=\s*(\S+)", (REPO_ROOT / "Makefile").read_text(), re.M)
+        assert found is not None, f"the Makefile names no {makefile_venv}"
+        python = REPO_ROOT / found[1] / "bin" / "python"
+    if not python.exists():
+        pytest.skip(f"{what} is not installed: run `make {make_target}` (or set {variable})")
+    return python
 
 
 def _pg_up() -> bool:

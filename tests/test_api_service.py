@@ -64,7 +64,10 @@ def test_the_openapi_document_is_complete_and_embeds_the_generated_spec_schema(c
     generated.pop("$defs")
     assert schemas["CompileSpec"] == generated  # the schema `kiln schema` prints, not a copy of it
     assert schemas["CompileSpec"]["required"] == ["targets"]
-    body = paths["/compile"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
+    upload = paths["/compile"]["post"]["requestBody"]["content"]["multipart/form-data"]
+    assert upload["schema"] == {"$ref": "#/components/schemas/JobCreate"}
+    assert upload["encoding"] == {"spec": {"contentType": "application/json"}}
+    body = schemas["JobCreate"]
     assert body["properties"]["spec"] == {"$ref": "#/components/schemas/CompileSpec"}
     assert body["properties"]["model"]["format"] == "binary" and body["required"] == ["model", "spec"]
     assert {"413", "422", "400", "503"} <= set(paths["/compile"]["post"]["responses"])
@@ -76,6 +79,21 @@ def test_the_openapi_document_is_complete_and_embeds_the_generated_spec_schema(c
         "cancelled",
     }
     assert "TargetPublic" in schemas and "ErrorPublic" in schemas
+    # Every error answer is ErrorPublic, 422 included (FastAPI's HTTPValidationError is never sent).
+    assert "HTTPValidationError" not in schemas
+    for path, methods in paths.items():
+        for method, op in methods.items():
+            for status, answer in op["responses"].items():
+                if int(status) >= 400 and path != "/readyz":
+                    assert answer["content"] == {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/ErrorPublic"}}
+                    }, (method, path, status)
+    # The event stream: one typed event per item, its data a JobEventPublic (tests/test_api_schemathesis.py).
+    stream = paths["/jobs/{job_id}/events"]["get"]["responses"]["200"]["content"]
+    data = stream["text/event-stream"]["itemSchema"]["properties"]["data"]
+    assert list(stream["text/event-stream"]) == ["itemSchema"]
+    assert data["contentSchema"] == {"$ref": "#/components/schemas/JobEventPublic"}
+    assert paths["/compile"]["post"]["operationId"] == "submit"
     # Every $ref resolves inside the document.
     text = json.dumps(doc)
     for ref in {part.split('"')[0] for part in text.split('"$ref": "#/components/schemas/')[1:]}:

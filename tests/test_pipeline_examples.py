@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from jobs_support import Proc, free_port, service_env, wait_http
+from jobs_support import Proc, free_port, service_env, tool_python, wait_http
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "pipelines"
@@ -27,20 +26,8 @@ WORKFLOW = EXAMPLES / "github-actions" / "compile-model.yml"
 SPEC = {"targets": ["onnxruntime"], "benchmark": False, "validation": {"samples": 2}}
 
 
-def _makefile_venv(variable: str) -> Path:
-    """Return the folder the Makefile's ``pipeline-venvs`` target builds for ``variable`` (AIRFLOW_VENV, ...)."""
-    found = re.search(rf"^{variable}\s*:=\s*(\S+)", (ROOT / "Makefile").read_text(), re.M)
-    assert found is not None, f"the Makefile names no {variable}"
-    return ROOT / found[1]
-
-
 def _need(variable: str, makefile_venv: str, what: str) -> Path:
-    """Return the interpreter with ``what``: $variable, else the Makefile's venv; skip when there is none."""
-    given = os.environ.get(variable)
-    python = Path(given) if given else _makefile_venv(makefile_venv) / "bin" / "python"
-    if not python.exists():
-        pytest.skip(f"{what} is not installed: run `make pipeline-venvs` (or set {variable})")
-    return python
+    return tool_python(variable, makefile_venv, "pipeline-venvs", what)
 
 
 @pytest.fixture(scope="module")

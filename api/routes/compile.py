@@ -18,7 +18,7 @@ from api.deps import (
     WorkersDep,
     WriteAuth,
 )
-from api.idempotency import IDEMPOTENCY_RESPONSES, IdempotencyKeyHeader, replay, upload_fingerprint
+from api.idempotency import ACCEPTED_RESPONSE, IDEMPOTENCY_RESPONSES, IdempotencyKeyHeader, replay, upload_fingerprint
 from api.schemas import ErrorPublic, JobAccepted
 from api.submission import submit_job
 from api.upload import receive_upload
@@ -27,6 +27,7 @@ from services.jobs.idempotency import IdempotencyClaim, KeyTaken
 router = APIRouter(tags=["jobs"])
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
+    **ACCEPTED_RESPONSE,
     **IDEMPOTENCY_RESPONSES,
     400: {
         "model": ErrorPublic,
@@ -53,6 +54,9 @@ _BODY = {
     "content": {
         "multipart/form-data": {
             "schema": {
+                # The component this becomes (api/openapi.py), so generated clients name it.
+                "title": "JobCreate",
+                "description": "A model and its CompileSpec (and int8 calibration data).",
                 "type": "object",
                 "required": ["model", "spec"],
                 "properties": {

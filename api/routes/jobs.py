@@ -21,7 +21,9 @@ from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Res
 from starlette.background import BackgroundTask
 
 from api.deps import CeleryDep, IdempotencyDep, JobStoreDep, ReadAuth, RegistryDep, StoreDep, WriteAuth
-from api.idempotency import IDEMPOTENCY_RESPONSES, IdempotencyKeyHeader, replay, resubmit_fingerprint
+from api.events import event_stream_content
+from api.idempotency import ACCEPTED_RESPONSE, IDEMPOTENCY_RESPONSES, IdempotencyKeyHeader, replay, resubmit_fingerprint
+from api.openapi import response_header
 from api.polling import CachedBody, JobBodies, JobVersions
 from api.schemas import ErrorPublic, JobAccepted, JobPublic, JobSort, JobsPublic, JobStatus, ResubmitRequest
 from api.submission import resubmit
@@ -125,12 +127,19 @@ _IF_NONE_MATCH = {
 }
 
 
+_ETAG = response_header("The job's version: send it back in If-None-Match.")
+
+
 # If-None-Match is read off the request, not declared as a Header parameter: FastAPI's
 # parameter machinery costs more than the rest of a cached answer. It is documented here.
 @router.get(
     "/{job_id}",
     response_model=JobPublic,
-    responses={**_404, 304: {"description": "Not Modified (If-None-Match matched the ETag)"}},
+    responses={
+        200: {"headers": {"ETag": _ETAG}},
+        304: {"description": "Not Modified (If-None-Match matched the ETag)", "headers": {"ETag": _ETAG}},
+        **_404,
+    },
     openapi_extra={"parameters": [_IF_NONE_MATCH]},
     summary="Read a job",
 )
@@ -214,7 +223,7 @@ async def _event_stream(request: Request, jobs: JobStore, job_id: str, after: in
 @router.get(
     "/{job_id}/events",
     response_class=EventStreamResponse,
-    responses={200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"}, **_404},
+    responses={200: {"content": event_stream_content(), "description": "Server-Sent Events"}, **_404},
     summary="Follow a job's progress (Server-Sent Events)",
 )
 def job_events(
@@ -238,7 +247,16 @@ def job_events(
 @router.get(
     "/{job_id}/logs",
     response_class=PlainTextResponse,
-    responses={200: {"content": {"text/plain": {}}}, **_404},
+    responses={
+        200: {
+            "content": {"text/plain": {}},
+            "headers": {
+                "X-Log-Lines": response_header("How many lines the whole log has.", "integer"),
+                "X-Log-Offset": response_header("The line the answer starts at.", "integer"),
+            },
+        },
+        **_404,
+    },
     summary="A job's log",
 )
 def job_logs(
@@ -291,6 +309,7 @@ def job_log_lines(jobs: JobStore, job_id: str, tenant: str | None) -> list[str]:
     status_code=202,
     response_model=JobAccepted,
     responses={
+        **ACCEPTED_RESPONSE,
         **_404,
         **IDEMPOTENCY_RESPONSES,
         422: {"model": ErrorPublic, "description": "INVALID_SPEC, NO_ROUTE"},
@@ -369,7 +388,14 @@ def _tar_artifact(store: Any, key: str, scratch: Path, arcname: str) -> Path:
 @router.get(
     "/{job_id}/artifacts/{target}",
     response_class=FileResponse,
-    responses={200: {"content": {"application/x-tar": {}}, "description": "The exported artifact as a tar"}, **_404},
+    responses={
+        200: {
+            "content": {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}},
+            "description": "The exported artifact as a tar",
+            "headers": {"Content-Disposition": response_header("attachment; filename=<name>-<target>.tar")},
+        },
+        **_404,
+    },
     summary="Download a target's artifact",
 )
 def download_artifact(

@@ -167,7 +167,9 @@ def readiness_checks(state: Any) -> dict[str, str]:
 @router.get(
     "/metrics",
     response_class=Response,
-    responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}},
+    responses={
+        200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus text format"}
+    },
     summary="Prometheus metrics",
 )
 def metrics(request: Request, _: ReadAuth) -> Response:

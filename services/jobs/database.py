@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session, contains_eager, defer, sessionmaker
 from services.errors import NotFound
 from services.graph.planner import Plan
 from services.jobs.db import IMMEDIATE, get_engine
-from services.jobs.models import Job, JobEvent, JobStep, utcnow
+from services.jobs.models import Job, JobEvent, JobEventType, JobStep, utcnow
 
 __all__ = ["JobDatabase", "JobPlan", "job_database"]
 
@@ -86,7 +86,7 @@ class JobDatabase:
     # --- what every writer of a job shares ------------------------------------------------
 
     @staticmethod
-    def add_event(s: Session, job_id: str, type_: str, step: str | None = None, **data: Any) -> None:
+    def add_event(s: Session, job_id: str, type_: JobEventType, step: str | None = None, **data: Any) -> None:
         s.add(JobEvent(job_id=job_id, type=type_, step=step, data=data, at=utcnow()))
 
     def lock_job(self, s: Session, job_id: str) -> Job:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, get_args
 
 from sqlalchemy import (
     JSON,
@@ -24,6 +24,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 __all__ = [
     "DEFAULT_TENANT",
     "FINAL_JOB_STATES",
+    "JOB_EVENT_TYPES",
     "OPEN_STEP_STATES",
     "ApiToken",
     "Base",
@@ -31,6 +32,7 @@ __all__ = [
     "IdempotencyKey",
     "Job",
     "JobEvent",
+    "JobEventType",
     "JobStep",
     "ModelName",
     "UTCDateTime",
@@ -47,6 +49,31 @@ DEFAULT_TENANT = "default"
 FINAL_JOB_STATES = ("succeeded", "failed", "cancelled")
 #: Steps in these states may still run; a job is finished when none of its steps is in one.
 OPEN_STEP_STATES = ("pending", "queued", "running")
+
+#: Every kind of job event the store records (``add_event`` takes only these). GET
+#: /jobs/{id}/events streams them; api/events.py declares each one's fields for the API's
+#: document, and tests/test_api_schemathesis.py checks both lists stay the same.
+JobEventType = Literal[
+    "submitted",
+    "planned",
+    "step_queued",
+    "step_started",
+    "progress",
+    "step_finished",
+    "step_failed",
+    "step_cancelled",
+    "step_skipped",
+    "step_requeued",
+    "step_reannounced",
+    "route_failed",
+    "failed",
+    "cancelled",
+    "finished",
+    "webhook_delivered",
+    "webhook_failed",
+    "webhook_gave_up",
+]
+JOB_EVENT_TYPES: tuple[JobEventType, ...] = get_args(JobEventType)
 
 
 def utcnow() -> datetime:

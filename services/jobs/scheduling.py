@@ -327,7 +327,8 @@ class StepScheduler:
                     self.db.add_event(s, job_id, "step_queued", step.id, queue=step.queue)
         for target, attempt, nxt in route_failures(before, routes):
             event = route_failed_event(target, attempt, nxt)
-            self.db.add_event(s, job_id, event.pop("type"), event.pop("step", None), **event)
+            del event["type"]
+            self.db.add_event(s, job_id, "route_failed", event.pop("step", None), **event)
         claimed = None
         for step_id, engine in queued:
             if engine in continue_on:

@@ -19,7 +19,7 @@ from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
 from services.jobs.database import JobDatabase, job_database
-from services.jobs.models import Job, Webhook, utcnow
+from services.jobs.models import Job, JobEventType, Webhook, utcnow
 
 __all__ = ["ClaimedWebhook", "NewWebhook", "WebhookStore", "mark_due", "record_webhook", "url_origin"]
 
@@ -156,7 +156,7 @@ class WebhookStore:
             else:
                 values["next_at"] = now + timedelta(seconds=retry_in)
             s.execute(update(Webhook).where(Webhook.job_id == claim.job_id).values(**values))
-            kind = "webhook_gave_up" if retry_in is None else "webhook_failed"
+            kind: JobEventType = "webhook_gave_up" if retry_in is None else "webhook_failed"
             data: dict[str, Any] = {"url": url_origin(claim.url), "event": claim.event, "attempt": claim.attempt}
             data["message"] = error[:300]
             if retry_in is not None:
