@@ -75,21 +75,16 @@ def _target_preflights(source: DetectedSource, spec: CompileSpec) -> None:
 
 
 def _check_spec_inputs(source: DetectedSource, spec: CompileSpec) -> None:
-    """Refuse spec ``inputs`` an ONNX model does not have, now (422) rather than in its first step.
+    """Refuse, now (422) rather than in its first step, spec ``inputs`` an ONNX model does not have and
+    inputs it needs real sample data for (services/validation/onnx_source.py).
 
-    The graph's input names are read without its weights; other formats are checked by the
-    reference step, the first thing a job runs, with the same rule.
+    Other formats are checked by the reference step, the first thing a job runs, with the same rules.
     """
-    if source.format is not Format.ONNX or not spec.inputs:
+    if source.format is not Format.ONNX:
         return
-    from services.onnx_io import load_onnx
-    from services.runners.base import TensorSpec
-    from services.validation.inputs import check_spec_inputs
+    from services.validation.onnx_source import check_onnx_inputs
 
-    graph = load_onnx(source.path, load_external_data=False).graph
-    initializers = {i.name for i in graph.initializer}
-    names = [v.name for v in graph.input if v.name not in initializers]
-    check_spec_inputs([TensorSpec(n, "float32", ()) for n in names], spec)
+    check_onnx_inputs(source.path, spec)
 
 
 def _require_workers(plan: Plan, spec: CompileSpec, live_engines: Collection[str] | None) -> None:

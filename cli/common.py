@@ -49,6 +49,7 @@ INPUT_CODES = frozenset(
         "NO_ROUTE",
         "INVALID_SETTINGS",
         "SOURCE_NONFINITE",
+        "INVALID_MODEL",
     }
 )
 

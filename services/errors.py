@@ -16,6 +16,7 @@ __all__ = [
     "EngineUnavailable",
     "Forbidden",
     "IdempotencyKeyReused",
+    "InvalidModel",
     "InvalidSettings",
     "InvalidSpec",
     "KilnError",
@@ -103,6 +104,13 @@ class SourceNonfinite(KilnError):
         "The source model gives no finite outputs on these inputs, so no artifact can be verified against it: "
         "give real sample data (`calibration`), or value ranges for the inputs (`inputs.<name>.range`)."
     )
+
+
+class InvalidModel(KilnError):
+    """A readable model file whose graph its format's own checker refuses (not truncated: invalid)."""
+
+    code = "INVALID_MODEL"
+    default_hint = "Re-export the model from its framework; the message names what the checker refused."
 
 
 class UnsafeInput(KilnError):
@@ -240,6 +248,7 @@ HTTP_STATUS: dict[str, int] = {
     "SOURCE_UNREADABLE": 400,
     "UNSAFE_INPUT": 400,
     "SOURCE_NONFINITE": 422,
+    "INVALID_MODEL": 422,
     "UPLOAD_TOO_LARGE": 413,
     "NO_ROUTE": 422,
     "ENGINE_UNAVAILABLE": 503,

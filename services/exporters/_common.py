@@ -207,6 +207,7 @@ def finish_export(
             class_axes=ctx.spec.validation.class_axis,
         )
         parity.input_provenance = ref.input_provenance
+        parity.reference_from = ref.reference_runtime
         parity.shapes = [ref.shapes[g] for g in sorted(checked) if g < len(ref.shapes)]
         parity.samples_per_shape = [sum(1 for i in use if ref.shape_of[i] == g) for g in sorted(checked)]
         if not parity.passed or ctx.spec.validation.localize:

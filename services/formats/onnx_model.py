@@ -27,9 +27,12 @@ from services.errors import SourceUnreadable, UnsafeInput
 
 __all__ = ["ALLOWED_DOMAINS", "onnx_custom_ops", "vet_onnx"]
 
-#: Operator domains whose operators an engine implements itself: ONNX, ONNX-ML and
-#: onnxruntime's contrib operators (com.microsoft, and its NCHWc layout variants).
-ALLOWED_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "com.microsoft.nchwc"})
+#: Operator domains whose operators an engine implements itself: ONNX, ONNX-ML, ONNX's
+#: training operators (Gradient, Adam, ...) and onnxruntime's contrib operators (com.microsoft,
+#: and its NCHWc layout variants). An engine that lacks one says so (UNSUPPORTED_OPS).
+ALLOWED_DOMAINS = frozenset(
+    {"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training", "com.microsoft", "com.microsoft.nchwc"}
+)
 _HINT = (
     "Export the model with standard ONNX operators only (no custom-op domains such as "
     "onnxruntime-extensions' ai.onnx.contrib), with any external weights beside the .onnx file."

@@ -12,6 +12,7 @@ from services.artifacts import Artifact
 from services.formats import Format
 from services.onnx_io import load_onnx, save_onnx
 from services.passes import speed
+from services.passes.opset_upgrade import upgrade_opset
 from services.passes.pipeline import optimize_model
 from services.passes.verify import OutputCheck, ort_session, session_inputs
 from services.pipeline.context import StepContext
@@ -67,7 +68,9 @@ def speed_guard(
 
 def run_optimize_step(ctx: StepContext) -> Artifact:
     """Optimise ``ctx.model`` with Kiln's default passes; return the artifact with per-pass records."""
-    model = load_onnx(ctx.model.path)
+    model, upgrade = upgrade_opset(load_onnx(ctx.model.path))
+    if upgrade is not None:
+        ctx.progress(f"upgraded the graph from opset {upgrade['from']} to {upgrade['to']} (onnx.version_converter)")
     check, unchecked = output_check(model, ctx.spec)
     ctx.progress(f"optimising {len(model.graph.node)} nodes")
     optimized, report = optimize_model(model, check=check)
@@ -95,5 +98,6 @@ def run_optimize_step(ctx: StepContext) -> Artifact:
             "seconds": round(report.seconds, 3),
             "verification": verification,
             "speed_guard": guard,
+            "opset_upgrade": upgrade,
         },
     )

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from services.artifacts import Artifact
 from services.descriptors import FormatDescriptor, engine_family, option_sections
 from services.errors import ConversionFailed, EngineUnavailable, KilnError, SourceUnreadable, StorageFull
-from services.formats import DetectedSource
+from services.formats import DetectedSource, Format
 from services.graph.planner import PlanStep
 from services.graph.registry import load_entry
 from services.outages import storage_full
@@ -142,6 +142,28 @@ def _broken_intermediate(step: PlanStep, model: Artifact, exc: SourceUnreadable)
     )
 
 
+def _source_unloadable(source: DetectedSource, model: Artifact) -> KilnError | None:
+    """Return why onnxruntime cannot load an ONNX source, when a step failed reading that source's ONNX successor.
+
+    The optimize step keeps what onnxruntime cannot load (a string op's locale, an opset it
+    lacks), so an exporter that reads its output fails where the source itself would: the
+    passes are not the cause.
+    """
+    if source.format is not Format.ONNX or model.kind != Format.ONNX.value:
+        return None
+    try:
+        from services.runners.onnx import OnnxRuntimeRunner
+
+        OnnxRuntimeRunner(source.path).close()
+    except KilnError as err:
+        err.message = f"the source model itself: {err.message}"
+        err.args = (err.message,)
+        return err
+    except Exception:
+        return None
+    return None
+
+
 def call_step_function(ctx: StepContext) -> Artifact:
     """Load the step's entry and run it on ``ctx``: the part of a step that touches the model."""
     try:
@@ -245,7 +267,11 @@ def _run_step(
             exc.details.setdefault("step", step.id)
             raise
         # The file that would not load is an intermediate artifact, not the user's model:
-        # the tool that wrote it produced something broken.
+        # the tool that wrote it produced something broken, unless the same runtime cannot
+        # load the user's model either (then that is the cause, said as such).
+        if (cause := _source_unloadable(source, inputs["model"])) is not None:
+            cause.details.setdefault("step", step.id)
+            raise cause from exc
         raise _broken_intermediate(step, inputs["model"], exc) from exc
     except KilnError as exc:
         exc.details.setdefault("step", step.id)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from services.errors import KilnError
-from services.formats import DetectedSource, open_source, sha256_path
+from services.formats import DetectedSource, Format, open_source, sha256_path
 from services.graph.planner import Plan, PlanStep, plan_routes
 from services.pipeline.executor import StepOutcome, run_step
 from services.pipeline.fallback import TargetRouting, needed_steps, route_failed_event, route_failures, routing
@@ -26,6 +26,7 @@ from services.pipeline.source_memo import job_memo
 from services.repository.base import ModelRepository
 from services.spec import CompileSpec
 from services.storage.base import ArtifactStore
+from services.validation.onnx_source import check_onnx_inputs
 
 __all__ = ["CompileResult", "TargetResult", "compile_model", "default_model_name"]
 
@@ -92,6 +93,8 @@ def compile_model(
         scratch = Path(tmp)
         source = open_source(Path(model_path), scratch, spec.source_format)
         plan = plan_routes(source.format, spec, default_name=default_model_name(Path(model_path)))
+        if source.format is Format.ONNX:  # what the API refuses at submission, refused here before any step
+            check_onnx_inputs(source.path, spec)
         emit({"type": "planned", "plan": plan.to_dict(), "source": source.seen})
         calibration_path = Path(spec.calibration) if spec.calibration else None
         calibration_sha = sha256_path(calibration_path) if calibration_path and calibration_path.exists() else None

@@ -34,7 +34,14 @@ __all__ = ["ReferenceData", "load_reference", "refuse_nonfinite", "run_reference
 
 
 def source_runner(ctx: StepContext) -> ModelRunner:
-    """Open the job's source model with its own framework (given its format's spec options, if it has any)."""
+    """Open the job's source model with its own framework (given its format's spec options, if it has any).
+
+    An ONNX source runs in the first runtime that can run it (services/runners/onnx_source.py).
+    """
+    if ctx.source.format is Format.ONNX:
+        from services.runners.onnx_source import OnnxSourceRunner
+
+        return OnnxSourceRunner(ctx.source.path, options=ctx.spec.options_for(ctx.source.format.value))
     return open_runner(
         ctx.source.format,
         ctx.source.path,
@@ -45,7 +52,15 @@ def source_runner(ctx: StepContext) -> ModelRunner:
 
 
 def _pack(samples: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    return {f"{i}/{name}": arr for i, feed in enumerate(samples) for name, arr in feed.items()}
+    return {f"{i}/{name}": _storable(arr) for i, feed in enumerate(samples) for name, arr in feed.items()}
+
+
+def _storable(arr: np.ndarray) -> np.ndarray:
+    """Return ``arr`` as an .npz can hold it without pickling: string tensors (object arrays) as unicode."""
+    arr = np.asarray(arr)
+    if arr.dtype == object and all(isinstance(x, str | bytes) for x in arr.flat):
+        return np.array([x.decode() if isinstance(x, bytes) else x for x in arr.flat], dtype=str).reshape(arr.shape)
+    return arr
 
 
 def _save(path: Path, arrays: dict[str, np.ndarray]) -> None:
@@ -68,12 +83,17 @@ HOLD_OUT = 4
 
 
 def _split_samples(
-    runner: ModelRunner, ctx: StepContext, calibration: dict[str, np.ndarray] | None
+    runner: ModelRunner,
+    ctx: StepContext,
+    calibration: dict[str, np.ndarray] | list[dict[str, np.ndarray]] | None,
 ) -> tuple[ParityInputs, list[dict[str, np.ndarray]], str]:
     """Return (parity inputs, calibration feeds, where calibration came from)."""
     bounds = runner.input_bounds()
     if calibration is not None:
-        rows, _ = make_validation_inputs(runner.inputs, ctx.spec, calibration)
+        if isinstance(calibration, list):  # whole feeds, one per sample: taken as they are
+            rows = [{t.name: _as_dtype(feed[t.name], t) for t in runner.inputs} for feed in calibration]
+        else:
+            rows, _ = make_validation_inputs(runner.inputs, ctx.spec, calibration)
         if len(rows) >= HOLD_OUT:
             held = [r for i, r in enumerate(rows) if i % HOLD_OUT == HOLD_OUT - 1]
             calib = [r for i, r in enumerate(rows) if i % HOLD_OUT != HOLD_OUT - 1]
@@ -81,7 +101,10 @@ def _split_samples(
         else:
             held, calib, label = rows, rows, "calibration file (too few rows to hold any out for parity)"
         parity = calibration_parity_inputs(held, runner.inputs, ctx.spec)
-        add_other_shapes(parity, runner.inputs, ctx.spec, bounds)
+        if isinstance(calibration, list):  # the user's feeds are the shapes to check
+            parity.provenance = {t.name: "whole feeds of the calibration file" for t in runner.inputs}
+        else:
+            add_other_shapes(parity, runner.inputs, ctx.spec, bounds)
         return parity, calib, label
     parity = make_parity_inputs(runner.inputs, ctx.spec, bounds)
     seed = ctx.spec.validation.seed + 1
@@ -89,6 +112,12 @@ def _split_samples(
         runner.inputs, ctx.spec, bounds, seed=seed, samples=max(16, ctx.spec.validation.samples), extra_shapes=False
     ).feeds
     return parity, calib, f"generated samples, not real data (seed {seed})"
+
+
+def _as_dtype(arr: np.ndarray, t: TensorSpec) -> np.ndarray:
+    if t.dtype in ("str", "bfloat16") or arr.dtype.kind in "US":
+        return arr
+    return arr.astype(np.dtype(t.dtype), copy=False)
 
 
 def _run_source(runner: ModelRunner, parity: ParityInputs, ctx: StepContext) -> list[dict[str, np.ndarray]]:
@@ -153,6 +182,12 @@ def run_reference_step(ctx: StepContext) -> Artifact:
     ctx.progress(f"running the {ctx.source.format.value} source on {len(parity.feeds)} samples{shapes} ({inputs_from})")
     outputs = _run_source(runner, parity, ctx)
     runner.close()
+    runtime = getattr(runner, "runtime", None) or ctx.source.format.value
+    passed_over = dict(getattr(runner, "passed_over", {}) or {})
+    if passed_over:
+        ctx.progress(
+            f"the reference comes from {runtime}: " + "; ".join(f"{k} could not run the source" for k in passed_over)
+        )
     refuse_nonfinite(outputs, inputs_from)
     feeds = parity.feeds
     out = ctx.out_dir
@@ -177,6 +212,8 @@ def run_reference_step(ctx: StepContext) -> Artifact:
             "shape_of": parity.shape_of,
             "shapes": parity.shapes,
             "input_provenance": parity.provenance,
+            "reference_runtime": runtime,
+            "reference_passed_over": {k: v[:400] for k, v in passed_over.items()},
         },
     )
 
@@ -201,6 +238,7 @@ class ReferenceData:
         self.shape_of: list[int] = list(meta.get("shape_of") or [0] * self.samples)
         self.shapes: list[dict[str, list[int]]] = list(meta.get("shapes") or [])
         self.input_provenance: dict[str, str] = dict(meta.get("input_provenance") or {})
+        self.reference_runtime: str = meta.get("reference_runtime") or self.source_format.value
 
     @property
     def output_names(self) -> list[str]:

@@ -25,11 +25,14 @@ def build_manifest(ctx: StepContext, exported: Artifact) -> dict[str, Any]:
     tools: dict[str, str] = {}
     passes: list[dict[str, Any]] = []
     speed_guard: dict[str, Any] | None = None
+    opset_upgrade: dict[str, Any] | None = None
     for rec in lineage:
         tools.update(rec.get("tool_versions", {}))
         passes.extend(rec.get("report", {}).get("passes", []))
         # The optimize step's timing of its output against its input, and which it kept.
         speed_guard = rec.get("report", {}).get("speed_guard", speed_guard)
+        # An old opset the optimize step upgraded: from, to, why (services/passes/opset_upgrade.py).
+        opset_upgrade = rec.get("report", {}).get("opset_upgrade") or opset_upgrade
     return {
         "kiln_manifest": 1,
         "job_id": ctx.job_id,
@@ -54,6 +57,7 @@ def build_manifest(ctx: StepContext, exported: Artifact) -> dict[str, Any]:
         ],
         "passes": passes,
         "speed_guard": speed_guard,
+        "opset_upgrade": opset_upgrade,
         "tool_versions": tools,
         "io": meta.get("io"),
         "parity": meta.get("parity"),

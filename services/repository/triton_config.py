@@ -18,7 +18,7 @@ from typing import Any
 
 from google.protobuf import text_format
 
-from services.errors import KilnError
+from services.errors import KilnError, UnsupportedFormat
 from services.runners.base import TensorSpec
 
 __all__ = [
@@ -113,6 +113,12 @@ class TritonModel:
 def _fill_tensor(msg: Any, t: TensorSpec, batched: bool) -> None:
     mc = model_config_pb2()
     msg.name = t.name
+    if t.dtype not in TRITON_DTYPES:  # a sequence or map of tensors: Triton's tensors cannot carry it
+        raise UnsupportedFormat(
+            f"{t.name} is of type {t.dtype}, which a Triton model's inputs and outputs cannot carry",
+            hint="Triton serves tensors only; export the model with tensor inputs and outputs (a sequence "
+            "output as one stacked tensor).",
+        )
     msg.data_type = mc.DataType.Value(TRITON_DTYPES[t.dtype])
     dims = list(t.shape[1:] if batched else t.shape)
     if dims:

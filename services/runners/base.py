@@ -37,10 +37,15 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class InputBound:
-    """Valid values of an integer input read from the model: ``[0, high)`` (a vocabulary), and where from."""
+    """Valid values of an input read from the model: ``[0, high)`` (a vocabulary), and where from.
+
+    ``generatable`` False: no value Kiln could make up is valid (a shape operand, a sequence):
+    the input needs real sample data.
+    """
 
     high: int
     why: str
+    generatable: bool = True
 
 
 class ModelRunner(abc.ABC):

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from services.errors import SourceUnreadable
+from services.errors import InvalidModel, KilnError, SourceUnreadable, UnsupportedOps
 from services.runners.base import InputBound, ModelRunner, TensorSpec
 
 __all__ = ["ORT_DTYPES", "OnnxRuntimeRunner"]
@@ -36,6 +37,32 @@ def _spec(arg: Any) -> TensorSpec:
     return TensorSpec(arg.name, ORT_DTYPES.get(arg.type, arg.type), shape)
 
 
+def _load_error(path: Path, exc: Exception) -> KilnError:
+    """Return why onnxruntime cannot load ``path``, by cause: not a protobuf, an invalid graph, an op it lacks."""
+    text = str(exc)
+    said = f"onnxruntime cannot load {path.name}: {text}"
+    if "NOT_IMPLEMENTED" in text or "Could not find an implementation" in text:
+        return UnsupportedOps(
+            said,
+            hint="onnxruntime does not implement that operator at the model's opset; old opsets are upgraded for "
+            "the targets (and the reference taken from OpenVINO or onnx.reference), a newer export avoids it.",
+        )
+    opset = re.search(r"Opset (\d+) is under development|opset (\d+) .*not supported", text)
+    if opset or "Unsupported model IR version" in text:
+        import onnxruntime
+
+        return UnsupportedOps(
+            said,
+            hint=f"The model's opset or IR version is newer than onnxruntime {onnxruntime.__version__} reads; "
+            "re-export it at an earlier opset, or target an engine that reads it (openvino).",
+        )
+    if "INVALID_GRAPH" in text or "ValidationError" in text or "Type Error" in text:
+        return InvalidModel(said, hint="The graph is invalid as ONNX; re-export it from its framework.")
+    if "INVALID_PROTOBUF" in text or "Protobuf parsing failed" in text:
+        return SourceUnreadable(said)  # the default hint: truncated or corrupt
+    return SourceUnreadable(said, hint="onnxruntime's message above says what it could not load.")
+
+
 class OnnxRuntimeRunner(ModelRunner):
     """An onnxruntime InferenceSession; graph optimisations stay at ORT's default level."""
 
@@ -54,7 +81,7 @@ class OnnxRuntimeRunner(ModelRunner):
         try:
             self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         except Exception as exc:  # ORT raises its own exception types for bad graphs
-            raise SourceUnreadable(f"onnxruntime cannot load {Path(path).name}: {exc}") from exc
+            raise _load_error(Path(path), exc) from exc
         self.inputs = [_spec(a) for a in self.session.get_inputs()]
         self.outputs = [_spec(a) for a in self.session.get_outputs()]
 

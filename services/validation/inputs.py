@@ -24,6 +24,7 @@ from services.spec import MEMORY_HINT, CompileSpec, InputSpec, allocation_proble
 __all__ = [
     "DEFAULT_DYNAMIC_DIM",
     "EXTRA_SHAPE_SAMPLES",
+    "FEED_KEY_SEPARATOR",
     "ParityInputs",
     "add_other_shapes",
     "calibration_parity_inputs",
@@ -34,7 +35,9 @@ __all__ = [
     "other_shapes",
     "random_input",
     "refuse_allocation",
+    "refuse_ungeneratable",
     "resolve_shape",
+    "ungeneratable_inputs",
 ]
 
 #: Size used for a dynamic non-batch axis the spec leaves open (sequence length, image side).
@@ -105,11 +108,20 @@ def refuse_allocation(field_name: str, what: str, shapes: dict[str, tuple[list[i
         raise InvalidSpec(f"{problem['field']}: {problem['problem']}", hint=MEMORY_HINT, errors=[problem])
 
 
-def load_calibration(path: str | Path, inputs: list[TensorSpec]) -> dict[str, np.ndarray]:
-    """Read an .npz keyed by input name; each array stacks samples on axis 0.
+#: A calibration file whose every key is ``<sample>/<input>`` holds whole feeds, one per sample.
+FEED_KEY_SEPARATOR = "/"
+
+
+def load_calibration(path: str | Path, inputs: list[TensorSpec]) -> dict[str, np.ndarray] | list[dict[str, np.ndarray]]:
+    """Read an .npz of real inputs, in one of two layouts; nothing in the file is unpickled.
+
+    - keyed by input name, each array stacking samples on axis 0 (the default layout);
+    - keyed ``<sample>/<input>``, each sample a complete feed of any shapes (scalars, a state
+      whose batch axis is not 0, inputs of different counts): returned as a list of feeds in
+      sample order.
 
     Arrays are matched to inputs by name, never by position; a missing or extra name is an
-    INVALID_SPEC naming both sets. Nothing in the file is unpickled.
+    INVALID_SPEC naming both sets.
     """
     try:
         with np.load(Path(path), allow_pickle=False) as npz:
@@ -119,15 +131,37 @@ def load_calibration(path: str | Path, inputs: list[TensorSpec]) -> dict[str, np
             f"calibration file {path} is not a readable .npz: {exc}", hint="Write it with numpy.savez."
         ) from exc
     names = {t.name for t in inputs}
+    if data and all(FEED_KEY_SEPARATOR in k for k in data) and not names & set(data):
+        return _whole_feeds(data, names)
     if set(data) != names:
         raise InvalidSpec(
             f"calibration keys {sorted(data)} do not match the model inputs {sorted(names)}",
-            hint="Key each array by the input name it feeds (numpy.savez(path, **{name: array})).",
+            hint="Key each array by the input name it feeds (numpy.savez(path, **{name: array})), or key whole "
+            "feeds as '<sample>/<input>'.",
         )
     counts = {k: v.shape[0] if v.ndim else 0 for k, v in data.items()}
     if len(set(counts.values())) != 1 or 0 in counts.values():
-        raise InvalidSpec(f"calibration arrays need the same non-zero number of samples on axis 0, got {counts}")
+        raise InvalidSpec(
+            f"calibration arrays need the same non-zero number of samples on axis 0, got {counts}",
+            hint="Inputs whose samples do not stack on axis 0 (scalars, a state batched on another axis) go in "
+            "the whole-feed layout: keys '<sample>/<input>', one complete feed per sample.",
+        )
     return data
+
+
+def _whole_feeds(data: dict[str, np.ndarray], names: set[str]) -> list[dict[str, np.ndarray]]:
+    samples: dict[str, dict[str, np.ndarray]] = {}
+    for key, arr in data.items():
+        sample, _, name = key.partition(FEED_KEY_SEPARATOR)
+        samples.setdefault(sample, {})[name] = arr
+    for sample, feed in samples.items():
+        if set(feed) != names:
+            raise InvalidSpec(
+                f"calibration sample {sample!r} holds inputs {sorted(feed)}, the model takes {sorted(names)}",
+                hint="Each sample of the '<sample>/<input>' layout is a complete feed: one array per model input.",
+            )
+    order = sorted(samples, key=lambda k: (not k.isdigit(), int(k) if k.isdigit() else 0, k))
+    return [samples[k] for k in order]
 
 
 def _dtype_name(t: TensorSpec) -> str:
@@ -222,25 +256,18 @@ def _ids(shape: list[int], rng: np.random.Generator, low: int, high: int) -> np.
     return rng.integers(low, max(high, low + 1), shape)
 
 
-def _padded_mask(shape: list[int], index: int, rng: np.random.Generator) -> np.ndarray:
-    """Return ones with the tail of the last axis zeroed, except on the first sample (full length)."""
-    mask = np.ones(shape, dtype=np.int64)
-    if index == 0 or not shape or shape[-1] < 2:
-        return mask
-    flat = mask.reshape(-1, shape[-1])
-    for row in flat:
-        row[int(rng.integers(1, shape[-1])) :] = 0  # keep at least one position
-    return flat.reshape(shape)
+def _two_parts(shape: list[int], index: int, rng: np.random.Generator, head: int, tail: int) -> np.ndarray:
+    """Return ``head`` values, the tail of the last axis from a random cut set to ``tail`` (not on sample 0).
 
-
-def _segments(shape: list[int], index: int, rng: np.random.Generator) -> np.ndarray:
-    """Return token-type ids of two segments: 0 then 1 from a split point (all 0 on the first sample)."""
-    types = np.zeros(shape, dtype=np.int64)
+    An attention mask is ones then padding (1, 0); token-type ids are the first segment then
+    the second (0, 1). The first sample keeps one part only (full length, one segment).
+    """
+    out = np.full(shape, head, dtype=np.int64)
     if index == 0 or not shape or shape[-1] < 2:
-        return types
-    flat = types.reshape(-1, shape[-1])
+        return out
+    flat = out.reshape(-1, shape[-1])
     for row in flat:
-        row[int(rng.integers(1, shape[-1])) :] = 1
+        row[int(rng.integers(1, shape[-1])) :] = tail  # keep at least one position of the head
     return flat.reshape(shape)
 
 
@@ -275,12 +302,11 @@ def sample_input(
         lo, hi = int(np.ceil(span[0])), int(np.floor(span[1]))
         return _ids(shape, rng, lo, hi).astype(dtype), f"integers in the spec's range [{lo}, {hi})"
     if "mask" in name:
-        return _padded_mask(shape, index, rng).astype(
-            dtype
-        ), "ones, the tail padded with zeros on all but the first sample"
+        mask = _two_parts(shape, index, rng, 1, 0).astype(dtype)
+        return mask, "ones, the tail padded with zeros on all but the first sample"
     if "type" in name or "segment" in name:
         if bound is not None and bound.high >= 2:
-            return _segments(shape, index, rng).astype(dtype), f"two segments, 0 then 1 ({bound.why})"
+            return _two_parts(shape, index, rng, 0, 1).astype(dtype), f"two segments, 0 then 1 ({bound.why})"
         return np.zeros(shape, dtype=dtype), "zeros: the model states no second segment value"
     if observed is not None:
         lo, hi = int(observed[0]), int(observed[1]) + 1
@@ -290,6 +316,31 @@ def sample_input(
     return (
         _ids(shape, rng, 0, SAFE_ID_RANGE).astype(dtype),
         f"integers in [0, {SAFE_ID_RANGE}): the model states no range (give inputs.<name>.range)",
+    )
+
+
+def ungeneratable_inputs(inputs: list[TensorSpec], spec: CompileSpec, bounds: dict[str, InputBound]) -> dict[str, str]:
+    """Return the inputs no generated value is valid for (shape operands, sequences), with why; a range counts."""
+    out = {}
+    for t in inputs:
+        bound = bounds.get(t.name)
+        given = spec.inputs.get(t.name)
+        if bound is not None and not bound.generatable and not (given is not None and given.range is not None):
+            out[t.name] = bound.why
+    return out
+
+
+def refuse_ungeneratable(inputs: list[TensorSpec], spec: CompileSpec, bounds: dict[str, InputBound]) -> None:
+    """Refuse (INVALID_SPEC, asking for sample data) a model whose inputs Kiln cannot make up, without data."""
+    missing = ungeneratable_inputs(inputs, spec, bounds)
+    if not missing:
+        return
+    said = "; ".join(f"{name}: {why}" for name, why in missing.items())
+    raise InvalidSpec(
+        f"inputs {sorted(missing)} need real sample data: no generated value is valid for them ({said})",
+        hint="Give `calibration`, an .npz of real inputs keyed by input name (samples on axis 0), or "
+        "`inputs.<name>.range` for an integer input whose valid values you know.",
+        errors=[{"field": f"inputs.{n}", "problem": f"needs sample data: {why}"} for n, why in missing.items()],
     )
 
 
@@ -305,6 +356,7 @@ def make_parity_inputs(
     """Return generated parity feeds at the first shape, and a few at each other shape the model's open axes
     allow (see :func:`other_shapes`)."""
     bounds = bounds or {}
+    refuse_ungeneratable(inputs, spec, bounds)
     first = {t.name: resolve_shape(t, spec) for t in inputs}
     seed = spec.validation.seed if seed is None else seed
     rng = np.random.default_rng(seed)
@@ -358,11 +410,15 @@ def add_other_shapes(
             if values.size and values.dtype.kind in "fiu":
                 observed[t.name] = (float(values.min()), float(values.max()))
     first = parity.shapes[0]
+    unmade = ungeneratable_inputs(inputs, spec, bounds)
     for shape in other_shapes(inputs, spec):
+        batch_only = base and all(shape[n][1:] == first[n][1:] and len(shape[n]) > 0 for n in shape)
+        if not batch_only and unmade:
+            parity.provenance[f"shape {shape}"] = f"not checked: {sorted(unmade)} would need real data at that shape"
+            continue
         _refuse_too_large(inputs, spec, shape, EXTRA_SHAPE_SAMPLES)
         parity.shapes.append(shape)
         group = len(parity.shapes) - 1
-        batch_only = base and all(shape[n][1:] == first[n][1:] and len(shape[n]) > 0 for n in shape)
         for i in range(EXTRA_SHAPE_SAMPLES):
             if batch_only:
                 feed = {}

@@ -66,6 +66,7 @@ class ParityReport:
     shapes: list[dict[str, list[int]]] = field(default_factory=list)  # the input shapes checked
     samples_per_shape: list[int] = field(default_factory=list)  # feeds checked at each of ``shapes``
     localization: dict[str, Any] | None = None  # the first node that drifts (services/validation/localize.py)
+    reference_from: str | None = None  # the runtime that ran the source for the reference
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -133,6 +134,8 @@ def compare_outputs(
             )
     # A converter may keep the values and drop a unit axis: compare in the source's layout.
     actual = [np.reshape(x, np.shape(y)) for x, y in zip(actual, expected, strict=True)]
+    if any(np.asarray(y).dtype.kind in "USO" for y in expected):
+        return _compare_exactly(name, actual, expected)
     m = measure_output(actual, expected, atol=tol.atol, rtol=tol.rtol, min_snr_db=tol.min_snr_db, axis=class_axis)
     return OutputParity(
         name,
@@ -152,6 +155,19 @@ def compare_outputs(
         scale=m.scale,
         bias=m.bias,
     )
+
+
+def _compare_exactly(name: str, actual: list[np.ndarray], expected: list[np.ndarray]) -> OutputParity:
+    """Return the agreement of a string output: every value equal, or no agreement at all."""
+    values = sum(int(np.size(y)) for y in expected)
+    equal = all(
+        np.array_equal(np.asarray(x).astype(str), np.asarray(y).astype(str))
+        for x, y in zip(actual, expected, strict=True)
+    )
+    return OutputParity(
+        name, 0.0 if equal else math.inf, 0.0 if equal else math.inf, 1.0 if equal else 0.0, None, equal,
+        values=values, samples=len(expected),
+    )  # fmt: skip
 
 
 def verdict_failures(outputs: list[OutputParity], tol: Tolerances) -> list[str]:
