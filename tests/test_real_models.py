@@ -65,3 +65,28 @@ def test_sound_artifacts_of_real_models_pass_the_defaults(
         assert out["snr_db"] >= tol.min_snr_db and out["pearson"] >= tol.min_pearson, (target, out)
         assert out["top1"] == 1.0 and out["top1_positions"] > 0, (target, out)  # every decision kept
         assert out["snr_db"] < 200  # a real difference was measured: this is not the fp32 graph
+
+
+def test_a_streaming_model_with_a_state_and_a_scalar_input_compiles_from_whole_feeds(
+    tmp_path: Path, store, repository
+) -> None:
+    """Silero VAD takes ``state [2, B, 128]`` (batch on axis 1) and a 0-d int64 ``sr``: no array
+    stacks them on axis 0, and a generated ``sr`` takes neither If branch. Whole feeds keyed
+    ``<sample>/<input>`` give real values; the scalar must reach every engine as a scalar
+    (OpenVINO refuses a [1] for its 0-d port)."""
+    model, path = _fetch("silero-vad-ifless")
+    samples = real_models.split_samples(model, real_models.realistic_inputs(model, path, n=8, seed=5))
+    whole = {f"{i}/{name}": np.asarray(value) for i, sample in enumerate(samples) for name, value in sample.items()}
+    assert whole["0/sr"].shape == () and whole["0/state"].shape == (2, 1, 128)
+    np.savez(tmp_path / "feeds.npz", **whole)
+    targets = ["onnxruntime", "openvino"]
+    spec = load_spec(
+        {"targets": targets, "name": "vad", "benchmark": False, "calibration": str(tmp_path / "feeds.npz")}
+    )
+    result = compile_model(path, spec, store=store, repository=repository)
+    for target in targets:
+        t = result.targets[target]
+        assert t.status == "succeeded", (target, t.error)
+        assert t.parity["inputs_from"] == "calibration", t.parity
+        assert t.parity["shapes"][0] == {"input": [1, 576], "state": [2, 1, 128], "sr": []}, t.parity["shapes"]
+        assert all(o["values"] > 0 and o["pearson"] > 0.99 for o in t.parity["outputs"]), t.parity

@@ -9,8 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import onnx
+import pytest
 from onnx import TensorProto, helper
 
+from services.errors import InvalidSpec
 from services.pipeline import compile_model
 from services.spec import load_spec
 
@@ -35,11 +37,14 @@ def _compile(model: Path, store, repository, **extra):
 
 
 def test_an_input_the_onnx_model_does_not_have_is_refused(cnn_onnx: Path, store, repository, repo_dir: Path) -> None:
-    target = _compile(cnn_onnx, store, repository, inputs={"images": {"shape": [1, 3, 32, 32]}})
-    assert target.status == "failed" and target.error["code"] == "INVALID_SPEC"
-    assert "['images']" in target.error["message"] and "['input']" in target.error["message"]
-    assert target.error["details"]["errors"] == [{"field": "inputs.images", "problem": "the model has no such input"}]
-    assert target.published is None and not repo_dir.joinpath("m").exists()
+    # Refused before any step, as the API refuses it at submission (services/validation/onnx_source.py).
+    with pytest.raises(InvalidSpec) as refused:
+        _compile(cnn_onnx, store, repository, inputs={"images": {"shape": [1, 3, 32, 32]}})
+    error = refused.value.to_dict()
+    assert error["code"] == "INVALID_SPEC"
+    assert "['images']" in error["message"] and "['input']" in error["message"]
+    assert error["details"]["errors"] == [{"field": "inputs.images", "problem": "the model has no such input"}]
+    assert not repo_dir.joinpath("m").exists()
 
 
 def test_a_benchmark_batch_too_big_for_the_models_dims_is_refused_with_an_estimate(

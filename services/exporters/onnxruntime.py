@@ -74,7 +74,7 @@ def quantize_int8(src: Path, dst: Path, feeds: list[dict[str, np.ndarray]], scra
     # -> 0.85); on MobileNetV2 0.35 (five calibration draws) Percentile moved cosine by less
     # than the draw-to-draw spread (MinMax 0.958-0.975). Entropy, through quantize_static,
     # keeps ORT's fixed 128 bins for 128 quantized bins and so reduces to MinMax exactly.
-    settings = {
+    settings: dict[str, object] = {
         "format": "QDQ",
         "activations": "QUInt8",
         "weights": "QInt8",
@@ -82,17 +82,63 @@ def quantize_int8(src: Path, dst: Path, feeds: list[dict[str, np.ndarray]], scra
         "calibration_method": "MinMax",
         "samples": len(feeds),
     }
-    quantize_static(
-        str(pre),
-        str(dst),
-        _Feeds(feeds),
-        quant_format=QuantFormat.QDQ,
-        activation_type=QuantType.QUInt8,
-        weight_type=QuantType.QInt8,
-        per_channel=True,
-        calibrate_method=CalibrationMethod.MinMax,
-    )
+    upgrade = _opset_for_per_channel(pre)
+    if upgrade is not None:
+        settings["opset_upgrade"] = upgrade
+        settings["per_channel"] = upgrade["to"] >= PER_CHANNEL_OPSET
+
+    def quantize(extra_options: dict[str, object]) -> None:
+        quantize_static(
+            str(pre),
+            str(dst),
+            _Feeds(feeds),
+            quant_format=QuantFormat.QDQ,
+            activation_type=QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+            per_channel=bool(settings["per_channel"]),
+            calibrate_method=CalibrationMethod.MinMax,
+            extra_options=extra_options,
+        )
+
+    try:
+        quantize({})
+    except ValueError as exc:
+        if "truth value of an array" not in str(exc):
+            raise
+        # onnxruntime's int32-bias weight-scale adjustment indexes a bias as if it were 1-D; a
+        # Gemm bias shaped [1, N] (as Paddle and older exporters write it) makes it compare
+        # arrays (measured with onnxruntime 1.32 on PP-OCR models and a one-Gemm graph). Without
+        # the adjustment a bias past int32 at the chosen scales is clipped, which the parity gate
+        # then sees; the manifest records that it was skipped.
+        settings["int32_bias_weight_adjustment"] = "skipped: onnxruntime cannot adjust a bias that is not 1-D"
+        quantize({"QDQDisableWeightAdjustForInt32Bias": True})
     return settings
+
+
+PER_CHANNEL_OPSET = 13  # DequantizeLinear's `axis` (per-channel scales) came in opset 13
+
+
+def _opset_for_per_channel(path: Path) -> dict[str, object] | None:
+    """Upgrade the model at ``path`` in place to opset 13 when it is older; return what was done.
+
+    onnxruntime's quantiser writes per-channel DequantizeLinear nodes with an ``axis`` whatever
+    the model's opset, and below opset 13 onnxruntime then refuses the graph it wrote
+    (INVALID_GRAPH: "Unrecognized attribute: axis"). When the converter cannot upgrade the
+    graph, quantisation stays per-tensor, which every opset accepts.
+    """
+    from services.errors import KilnError
+    from services.passes.opset_upgrade import upgrade_opset
+
+    model = load_onnx(path)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), PER_CHANNEL_OPSET)
+    if opset >= PER_CHANNEL_OPSET:
+        return None
+    try:
+        upgraded, _ = upgrade_opset(model, minimum=PER_CHANNEL_OPSET)
+    except KilnError as exc:
+        return {"from": opset, "to": opset, "why": f"per-tensor weights: the opset could not be upgraded ({exc})"}
+    save_onnx(upgraded, path)
+    return {"from": opset, "to": PER_CHANNEL_OPSET, "why": "per-channel int8 weights need DequantizeLinear's axis"}
 
 
 def _write_fp32(src: Path, dst: Path) -> None:

@@ -14,7 +14,16 @@ from services.descriptors import registry
 from services.errors import EngineUnavailable
 from services.formats import Format
 
-__all__ = ["InputBound", "ModelRunner", "TensorSpec", "open_runner", "register_runner"]
+__all__ = ["InputBound", "ModelRunner", "TensorSpec", "contiguous", "open_runner", "register_runner"]
+
+
+def contiguous(arr: Any, dtype: Any = None) -> np.ndarray:
+    """``arr`` as a C-contiguous array of its own rank (and ``dtype`` when given), copied only when needed.
+
+    Not ``np.ascontiguousarray``: it returns at least 1-D, so a scalar input (a sample rate, a
+    step count) reached engines as shape [1], which OpenVINO refuses for a 0-d port.
+    """
+    return np.require(arr, dtype=dtype, requirements="C")
 
 
 @dataclass(frozen=True)

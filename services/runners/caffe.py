@@ -15,7 +15,7 @@ import numpy as np
 
 from services.errors import EngineUnavailable, SourceUnreadable
 from services.formats.caffe import load_caffe_net
-from services.runners.base import ModelRunner, TensorSpec
+from services.runners.base import ModelRunner, TensorSpec, contiguous
 
 __all__ = ["CaffeRunner"]
 
@@ -57,7 +57,7 @@ class CaffeRunner(ModelRunner):
 
     def run(self, feeds: dict[str, np.ndarray], _names: list[str] | None = None) -> dict[str, np.ndarray]:
         for spec in self.inputs:
-            self._net.setInput(np.ascontiguousarray(feeds[spec.name], dtype=np.float32), spec.name)
+            self._net.setInput(contiguous(feeds[spec.name], dtype=np.float32), spec.name)
         try:
             results = self._net.forward(self._out_layers)
         except self._cv2.error as exc:

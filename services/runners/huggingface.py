@@ -39,7 +39,7 @@ import numpy as np
 
 from services.errors import EngineUnavailable, InvalidSpec, SourceUnreadable, UnsafeInput, UnsupportedFormat
 from services.formats.huggingface import HuggingFaceCheckpoint, choose_task, stage_checkpoint, vet_checkpoint
-from services.runners.base import InputBound, ModelRunner, TensorSpec
+from services.runners.base import InputBound, ModelRunner, TensorSpec, contiguous
 from services.runners.torch import dynamic_axes_of, torch_dtype_name
 
 if TYPE_CHECKING:
@@ -339,7 +339,7 @@ class HuggingFaceRunner(ModelRunner):
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         import torch
 
-        args = [torch.from_numpy(np.ascontiguousarray(feeds[t.name])) for t in self.inputs]
+        args = [torch.from_numpy(contiguous(feeds[t.name])) for t in self.inputs]
         with torch.no_grad():
             out = self.graph(*args)
         return {o.name: x.detach().cpu().numpy() for o, x in zip(self.outputs, out, strict=True)}

@@ -17,7 +17,7 @@ import numpy as np
 
 from services.errors import EngineUnavailable, SourceUnreadable
 from services.formats.mindir import vet_mindir
-from services.runners.base import ModelRunner, TensorSpec
+from services.runners.base import ModelRunner, TensorSpec, contiguous
 
 __all__ = ["MindIRRunner", "mindir_signature"]
 
@@ -78,7 +78,7 @@ class MindIRRunner(ModelRunner):
         self.inputs, self.outputs = mindir_signature(model)
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        args = [self._ms.Tensor(np.ascontiguousarray(feeds[t.name], dtype=t.dtype)) for t in self.inputs]
+        args = [self._ms.Tensor(contiguous(feeds[t.name], dtype=t.dtype)) for t in self.inputs]
         result = self._cell(*args)
         flat = list(result) if isinstance(result, (tuple, list)) else [result]
         return {t.name: np.asarray(r.asnumpy()) for t, r in zip(self.outputs, flat, strict=True)}

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from services.errors import SourceUnreadable
-from services.runners.base import ModelRunner, TensorSpec
+from services.runners.base import ModelRunner, TensorSpec, contiguous
 
 __all__ = ["MNN_PRECISIONS", "MnnRunner"]
 
@@ -108,7 +108,7 @@ class MnnRunner(ModelRunner):
 
     def _var(self, spec: TensorSpec, value: np.ndarray) -> Any:
         expr = self._mnn.expr
-        arr = np.ascontiguousarray(value)
+        arr = contiguous(value)
         if arr.dtype.kind == "f":
             arr, dtype = arr.astype(np.float32, copy=False), expr.float
         elif arr.dtype.kind in "iub":

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from services.errors import InvalidSpec, SourceUnreadable
-from services.runners.base import ModelRunner, TensorSpec
+from services.runners.base import ModelRunner, TensorSpec, contiguous
 
 __all__ = ["OV_DTYPES", "OpenVINORunner", "ov_tensor_spec"]
 
@@ -154,7 +154,7 @@ class OpenVINORunner(ModelRunner):
                 hint="Key every input by the name the model declares.",
             )
         # Ports are addressed by index: names are ours (fallbacks included), not OpenVINO's.
-        request_inputs = {self._in_ports[name]: np.ascontiguousarray(arr) for name, arr in feeds.items()}
+        request_inputs = {self._in_ports[name]: contiguous(arr) for name, arr in feeds.items()}
         # share_outputs=False (the default) copies results out of the request's buffers,
         # which the next run would overwrite.
         result = self._request.infer(request_inputs)

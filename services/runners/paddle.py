@@ -20,7 +20,7 @@ import numpy as np
 
 from services.errors import EngineUnavailable, SourceUnreadable
 from services.formats.paddle import PaddleModel, stage_paddle_model, vet_paddle_model
-from services.runners.base import ModelRunner, TensorSpec
+from services.runners.base import ModelRunner, TensorSpec, contiguous
 
 __all__ = ["PaddleRunner", "import_paddle", "open_predictor"]
 
@@ -86,7 +86,7 @@ class PaddleRunner(ModelRunner):
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         for spec in self.inputs:
             handle = self.predictor.get_input_handle(spec.name)
-            arr = np.ascontiguousarray(feeds[spec.name])
+            arr = contiguous(feeds[spec.name])
             handle.reshape(list(arr.shape))
             handle.copy_from_cpu(arr)
         self.predictor.run()

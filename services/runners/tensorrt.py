@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from services.errors import ConversionFailed, EngineUnavailable, InvalidSpec, SourceUnreadable
-from services.runners.base import ModelRunner, TensorSpec
+from services.runners.base import ModelRunner, TensorSpec, contiguous
 
 __all__ = ["TensorRTRunner"]
 
@@ -98,7 +98,7 @@ class TensorRTRunner(ModelRunner):
         d2h = cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
         staged = []  # keep host arrays alive until the stream is synchronised
         for t in self.inputs:
-            arr = np.ascontiguousarray(feeds[t.name], dtype=np.dtype(t.dtype))
+            arr = contiguous(feeds[t.name], dtype=np.dtype(t.dtype))
             if not self.context.set_input_shape(t.name, arr.shape):
                 lo, opt, hi = self.engine.get_tensor_profile_shape(t.name, 0)
                 raise InvalidSpec(

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from services.errors import InvalidSpec, SourceUnreadable
-from services.runners.base import ModelRunner, TensorSpec
+from services.runners.base import ModelRunner, TensorSpec, contiguous
 
 DEFAULT_SIGNATURE = "serving_default"
 
@@ -128,7 +128,7 @@ class TFLiteRunner(ModelRunner):
     @staticmethod
     def _quantize(t: _Tensor, arr: np.ndarray) -> np.ndarray:
         if not t.quantized:
-            return np.ascontiguousarray(arr, dtype=t.dtype)
+            return contiguous(arr, dtype=t.dtype)
         info = np.iinfo(t.dtype)
         q = np.round(np.asarray(arr, dtype=np.float32) / t.scale) + t.zero_point
         return np.clip(q, info.min, info.max).astype(t.dtype)

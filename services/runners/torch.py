@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from services.errors import InvalidSpec, SourceUnreadable
-from services.runners.base import ModelRunner, TensorSpec
+from services.runners.base import ModelRunner, TensorSpec, contiguous
 from services.runners.torch_archives import load_exported_program, load_torchscript, traced_inputs
 
 if TYPE_CHECKING:
@@ -203,7 +203,7 @@ class TorchScriptRunner(ModelRunner):
         import torch
         from torch.utils import _pytree as pytree
 
-        args = [torch.from_numpy(np.ascontiguousarray(feeds[t.name])) for t in self.inputs]
+        args = [torch.from_numpy(contiguous(feeds[t.name])) for t in self.inputs]
         with torch.no_grad():
             out = self.module(*args)
         leaves = pytree.tree_leaves(out)
@@ -270,7 +270,7 @@ class ExportedProgramRunner(ModelRunner):
         import torch
         from torch.utils import _pytree as pytree
 
-        flat = [torch.from_numpy(np.ascontiguousarray(feeds[v])) if kind == "tensor" else v for kind, v in self._flat]
+        flat = [torch.from_numpy(contiguous(feeds[v])) if kind == "tensor" else v for kind, v in self._flat]
         args, kwargs = pytree.tree_unflatten(flat, self._in_spec)
         try:
             with torch.no_grad():

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from services.errors import SourceUnreadable
-from services.runners.base import ModelRunner, TensorSpec
+from services.runners.base import ModelRunner, TensorSpec, contiguous
 from services.tvm import IO_FILE, PARAMS, import_tvm
 
 __all__ = ["TvmRunner"]
@@ -42,7 +42,7 @@ class TvmRunner(ModelRunner):
         self._tensor = tvm.runtime.tensor
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        args = [self._tensor(np.ascontiguousarray(feeds[t.name]), self.dev) for t in self.inputs]
+        args = [self._tensor(contiguous(feeds[t.name]), self.dev) for t in self.inputs]
         result = self._main(*args, *self.weights)
         values = [result] if hasattr(result, "numpy") else list(result)
         if len(values) != len(self.outputs):

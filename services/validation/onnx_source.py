@@ -19,10 +19,16 @@ __all__ = ["check_onnx_inputs"]
 
 def check_onnx_inputs(path: Path, spec: CompileSpec) -> None:
     """Raise INVALID_SPEC for spec inputs the ONNX model at ``path`` lacks, or inputs it needs real data for."""
+    from services.errors import SourceUnreadable
     from services.onnx_io import load_onnx
     from services.runners.onnx_bounds import onnx_input_bounds
 
-    graph = load_onnx(path, load_external_data=False).graph
+    try:
+        graph = load_onnx(path, load_external_data=False).graph
+    except SourceUnreadable:
+        # Left to the reference step, the job's first: it names the cause (not a protobuf, a graph
+        # the checker refuses, an op no runtime implements) with the hint for each.
+        return
     initializers = {i.name for i in graph.initializer}
     inputs = [TensorSpec(v.name, "float32", ()) for v in graph.input if v.name not in initializers]
     check_spec_inputs(inputs, spec)
