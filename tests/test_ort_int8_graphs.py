@@ -43,11 +43,16 @@ def _published(repo_dir: Path) -> tuple[dict, Path]:
     return json.loads((version / "kiln-manifest.json").read_text())["engine_details"], version / "model.onnx"
 
 
-def test_an_opset_11_conv_is_upgraded_for_per_channel_weights(tmp_path: Path, store, repository, repo_dir: Path) -> None:
+def test_an_opset_11_conv_is_upgraded_for_per_channel_weights(
+    tmp_path: Path, store, repository, repo_dir: Path
+) -> None:
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array(rng.normal(size=(8, 3, 3, 3)).astype(np.float32), "w")
     b = numpy_helper.from_array(rng.normal(size=(8,)).astype(np.float32), "b")
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])]
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["y"]),
+    ]
     model = _save(tmp_path / "conv11.onnx", nodes, [1, 3, 16, 16], [1, 8, 16, 16], [w, b], opset=11)
     t = _int8(model, store, repository)
     assert t.status == "succeeded", t.error

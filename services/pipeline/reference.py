@@ -103,7 +103,9 @@ def _split_samples(
         parity = calibration_parity_inputs(held, runner.inputs, ctx.spec)
         if isinstance(calibration, list):  # the user's feeds are the shapes to check
             parity.provenance = {t.name: "whole feeds of the calibration file" for t in runner.inputs}
-            parity.shapes = [{name: list(np.shape(value)) for name, value in held[0].items()}] if held else parity.shapes
+            parity.shapes = (
+                [{name: list(np.shape(value)) for name, value in held[0].items()}] if held else parity.shapes
+            )
         else:
             add_other_shapes(parity, runner.inputs, ctx.spec, bounds)
         return parity, calib, label
