@@ -85,7 +85,7 @@ def quantize_int8(src: Path, dst: Path, feeds: list[dict[str, np.ndarray]], scra
     upgrade = _opset_for_per_channel(pre)
     if upgrade is not None:
         settings["opset_upgrade"] = upgrade
-        settings["per_channel"] = upgrade["to"] >= PER_CHANNEL_OPSET
+        settings["per_channel"] = upgrade["to"] == PER_CHANNEL_OPSET
 
     def quantize(extra_options: dict[str, object]) -> None:
         quantize_static(
