@@ -23,7 +23,7 @@ from cli import remote, secrets_commands, service_commands
 from cli.common import console, handle_errors, out
 from cli.spec_flags import spec_from_flags
 from cli.summary import compile_json, event_printer, print_failures, print_summary
-from cli.tool_output import tool_output_to
+from cli.tool_output import tool_output_to, tool_stdout_to_stderr
 from services.descriptors import registry
 
 
@@ -159,7 +159,8 @@ def compile_cmd(
     repository.model_names()  # reach it now: a wrong bucket or endpoint fails before any work, not after
     job_id = uuid.uuid4().hex[:12]
     log = cache / "logs" / f"{job_id}.log"
-    with tool_output_to(log) if quiet else nullcontext(log):
+    engines_print = tool_output_to(log) if quiet else tool_stdout_to_stderr() if as_json else nullcontext(log)
+    with engines_print:
         result = compile_model(
             model,
             spec,

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["tool_output_to"]
+__all__ = ["tool_output_to", "tool_stdout_to_stderr"]
 
 
 @contextmanager
@@ -34,3 +34,21 @@ def tool_output_to(log: Path) -> Iterator[Path]:
             for fd, orig in saved.items():
                 os.dup2(orig, fd)
                 os.close(orig)
+
+
+@contextmanager
+def tool_stdout_to_stderr() -> Iterator[None]:
+    """Point descriptor 1 at descriptor 2 until exit, so stdout carries only what Kiln prints after.
+
+    ``--json`` promises a JSON document on stdout; engines print to descriptor 1 from C++
+    (paddle2onnx's "[Paddle2ONNX] Start parsing ..." came before the document and broke it).
+    """
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)

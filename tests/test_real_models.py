@@ -9,6 +9,9 @@ docs/benchmarks.md); here two small classifiers are compiled at the defaults.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import real_models
+from jobs_support import KILN_CMD
 
 from services.pipeline import compile_model
 from services.spec import DEFAULT_TOLERANCES, Precision, load_spec
@@ -90,3 +94,27 @@ def test_a_streaming_model_with_a_state_and_a_scalar_input_compiles_from_whole_f
         assert t.parity["inputs_from"] == "calibration", t.parity
         assert t.parity["shapes"][0] == {"input": [1, 576], "state": [2, 1, 128], "sr": []}, t.parity["shapes"]
         assert all(o["values"] > 0 and o["pearson"] > 0.99 for o in t.parity["outputs"]), t.parity
+
+
+def test_a_paddle2onnx_failure_on_a_real_detector_says_why_and_json_stays_json(tmp_path: Path) -> None:
+    """paddle2onnx 2.0.1 cannot parse PP-OCRv4's detector program and exits with -1 while handling
+    its C++ error; the user gets that error, not ``SystemExit: -1``, and the openvino route (which
+    reads the program itself) still publishes. paddle2onnx prints to descriptor 1 from C++, which
+    ``--json`` must keep out of stdout. Run as the `kiln` command: Paddle in the test process after
+    TensorFlow would crash it."""
+    _, path = _fetch("ppocr-v4-det-paddle")
+    proc = subprocess.run(
+        [*KILN_CMD, "compile", str(path), "-t", "onnxruntime", "-t", "openvino", "--input", "x:1x3x320x320"]
+        + ["--repo", str(tmp_path / "repo"), "--no-benchmark", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "KILN_CACHE_DIR": str(tmp_path / "cache")},
+    )
+    assert proc.returncode != 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout)  # nothing an engine printed comes before or after the document
+    error = result["targets"]["onnxruntime"]["error"]
+    assert error["code"] == "CONVERSION_FAILED" and error["details"]["step"] == "paddle-to-onnx"
+    assert "SystemExit" not in error["message"] and "FloatAttribute" in error["message"], error["message"]
+    assert "\x1b[" not in error["details"]["output_tail"]
+    assert result["targets"]["openvino"]["status"] == "succeeded", result["targets"]["openvino"]

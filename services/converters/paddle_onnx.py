@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import traceback
 from typing import Any
 
@@ -83,12 +84,12 @@ def paddle_to_onnx(ctx: StepContext) -> Artifact:
         raise
     except (Exception, SystemExit) as exc:  # paddle2onnx raises Exception, asserts, or exits on unknown ops
         raise ConversionFailed(
-            f"{TOOL} could not convert {runner.model.program.name}: {type(exc).__name__}: {str(exc)[:500]}",
+            f"{TOOL} could not convert {runner.model.program.name}: {_reason(exc, log.getvalue())[:500]}",
             hint="paddle2onnx may lack a rule for an operator (its output names it); for a .pdmodel program "
             "the openvino target reads it directly.",
             step=ctx.step.id,
             tool=TOOL,
-            output_tail=(log.getvalue() + "".join(traceback.format_exception(exc)))[-2000:],
+            output_tail=_ANSI.sub("", log.getvalue() + "".join(traceback.format_exception(exc)))[-2000:],
         ) from exc
     finally:
         runner.close()
@@ -105,6 +106,31 @@ def paddle_to_onnx(ctx: StepContext) -> Artifact:
             "io": {"inputs": [t.to_dict() for t in runner.inputs], "outputs": [t.to_dict() for t in runner.outputs]},
         },
     )
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _reason(exc: BaseException, printed: str) -> str:
+    """What paddle2onnx's failure was, rather than ``SystemExit: -1``.
+
+    On a converter error paddle2onnx prints "[ERROR] Failed to convert ...: <the C++ error>"
+    to stdout and calls ``sys.exit(-1)`` while handling it; the C++ error is the exit's
+    ``__context__`` and also the printed line (measured on a real PP-OCRv4 detector:
+    "(Unimplemented) the 0th elementwise MUST be ir::FloatAttribute ... pir_parser.cc:814").
+    """
+    if isinstance(exc, SystemExit):
+        cause = exc.__context__
+        if cause is not None and str(cause).strip():
+            return f"{type(cause).__name__}: {_first_lines(str(cause))} (paddle2onnx then exited with {exc.code})"
+        errors = [line for line in _ANSI.sub("", printed).splitlines() if "[ERROR]" in line]
+        if errors:
+            return f"{_first_lines(errors[0].split('[ERROR]', 1)[1])} (paddle2onnx then exited with {exc.code})"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _first_lines(text: str, n: int = 2) -> str:
+    return " ".join(line.strip() for line in text.strip().splitlines()[:n])
 
 
 @contextlib.contextmanager
