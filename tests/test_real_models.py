@@ -103,9 +103,10 @@ def test_a_paddle2onnx_failure_on_a_real_detector_says_why_and_json_stays_json(t
     ``--json`` must keep out of stdout. Run as the `kiln` command: Paddle in the test process after
     TensorFlow would crash it."""
     _, path = _fetch("ppocr-v4-det-paddle")
+    targets = ["-t", "onnxruntime", "-t", "openvino"]
+    flags = ["--input", "x:1x3x320x320", "--repo", str(tmp_path / "repo"), "--no-benchmark", "--json"]
     proc = subprocess.run(
-        [*KILN_CMD, "compile", str(path), "-t", "onnxruntime", "-t", "openvino", "--input", "x:1x3x320x320"]
-        + ["--repo", str(tmp_path / "repo"), "--no-benchmark", "--json"],
+        [*KILN_CMD, "compile", str(path), *targets, *flags],
         capture_output=True,
         text=True,
         timeout=600,
