@@ -119,3 +119,29 @@ def test_a_paddle2onnx_failure_on_a_real_detector_says_why_and_json_stays_json(t
     assert "SystemExit" not in error["message"] and "FloatAttribute" in error["message"], error["message"]
     assert "\x1b[" not in error["details"]["output_tail"]
     assert result["targets"]["openvino"]["status"] == "succeeded", result["targets"]["openvino"]
+
+
+def test_tvm_builds_a_real_detector_for_the_shapes_given_when_it_cannot_keep_them_open(
+    tmp_path: Path, store, repository, repo_dir: Path
+) -> None:
+    """TVM's Relax importer cannot take PP-OCRv4's detector with open height and width (its Resize
+    converter fails); given concrete shapes, Kiln builds the library for them and says so."""
+    model, path = _fetch("ppocr-v4-det")
+    np.savez(tmp_path / "pages.npz", **real_models.realistic_inputs(model, path, n=8, seed=3))  # [8, 3, 320, 448]
+    shape = [1, 3, 320, 448]
+    spec = load_spec(
+        {
+            "targets": ["tvm"],
+            "name": "det",
+            "benchmark": False,
+            "calibration": str(tmp_path / "pages.npz"),
+            "inputs": {"x": {"shape": shape}},
+        }
+    )
+    t = compile_model(path, spec, store=store, repository=repository).targets["tvm"]
+    assert t.status == "succeeded", t.error
+    version = repo_dir / "tvm" / "det" / "1"
+    built_for = json.loads((version / "kiln-manifest.json").read_text())["engine_details"]["built_for"]
+    assert built_for["shapes"] == {"x": shape} and "open axes" in built_for["why"]
+    assert json.loads((version / "io.json").read_text())["inputs"][0]["shape"] == shape
+    assert t.parity["shapes"][0] == {"x": shape} and t.parity["outputs"][0]["pearson"] > 0.999

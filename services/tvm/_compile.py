@@ -203,68 +203,124 @@ def build_libraries(
     scratch: Path,
     progress: Callable[[str], None] = lambda _m: None,
 ) -> dict[str, Any]:
-    """Write model.so, params.bin, io.json (and model_cuda.so) into ``out_dir``; return engine details."""
-    tvm = import_tvm()
+    """Write model.so, params.bin, io.json (and model_cuda.so) into ``out_dir``; return engine details.
+
+    Open axes stay open where TVM can compile them. Where it cannot (real detectors and OCR
+    models: a Reshape whose target TVM's importer cannot infer) and the spec gives a concrete
+    shape for every open axis, the library is built for those shapes instead, and the details
+    say so (``built_for``); the io.json then declares them, so the parity check and the runner
+    feed only those shapes.
+    """
     import onnx
-    from tvm import relax
 
     model = onnx.load(str(onnx_path))
     inputs, outputs = onnx_io(model)
+    details: dict[str, Any] = {}
     shape_dict = _static_shapes(inputs, spec_inputs) if options.tuning_trials else None
-    target = cpu_target(options, for_tuning=bool(options.tuning_trials))
-    details: dict[str, Any] = {
-        "target": {"kind": "llvm", "mcpu": str(target.attrs["mcpu"])},
-        "precision": {"mixed_precision": "fp16 compute, fp32 accumulate", "io": "float32"} if fp16 else "fp32",
-        "weights": PARAMS,
-    }
     try:
-        progress("importing ONNX into Relax")
-        base, weights = _relax_module(model, shape_dict, fp16)
-        mod = base
-        if shape_dict is not None:  # tuning asked for: shapes closed above
-            from services.tvm._tuning import tune_module
-
-            progress(f"tuning with MetaSchedule ({options.tuning_trials} trials)")
-            mod, summary = tune_module(_fused(base, target), target, options.tuning_trials, scratch / "tuning")
-            details["tuning"] = {**summary, "static_shapes": shape_dict}
-            inputs = [TensorSpec(t.name, t.dtype, tuple(shape_dict[t.name])) for t in inputs]
-        progress(f"compiling for {details['target']['mcpu']}")
-        executable = tvm.compile(mod, target=target)
-        vm = relax.VirtualMachine(executable, tvm.cpu())
-        transformed = list(vm["main_transform_params"](weights))
-        if shape_dict is not None:
-            # A small budget can pick schedules slower than TVM's defaults (measured: 64 trials made a
-            # transformer block 1.4x slower); keep whichever library is faster on these shapes.
-            default_exec = tvm.compile(base, target=target)
-            default_vm = relax.VirtualMachine(default_exec, tvm.cpu())
-            default_weights = list(default_vm["main_transform_params"](weights))
-            kept, timing = _faster(vm, transformed, default_vm, default_weights, inputs)
-            details["tuning"]["speed_check"] = timing
-            if kept == "default":
-                progress("TVM's default schedules are faster than the tuned ones: keeping them")
-                executable, transformed = default_exec, default_weights
-        executable.export_library(str(out_dir / LIBRARY))
-        blob = tvm.runtime.save_param_dict({f"p{i}": w for i, w in enumerate(transformed)})
-        (out_dir / PARAMS).write_bytes(bytes(blob))
-        details["params"] = {"count": len(transformed), "dtypes": sorted({str(w.dtype) for w in transformed})}
-        if options.cuda_arch:
-            progress(f"cross-compiling for CUDA {options.cuda_arch}")
-            cuda_target = tvm.target.Target({"kind": "cuda", "arch": options.cuda_arch}, host={"kind": "llvm"})
-            cuda_lib = tvm.compile(base, target=cuda_target)  # GPU kernels get TVM's default GPU schedules
-            cuda_lib.export_library(str(out_dir / CUDA_LIBRARY))
-            check = _nvcc_check(cuda_lib.mod, options.cuda_arch, scratch)
-            details["cuda"] = {"library": CUDA_LIBRARY, "arch": options.cuda_arch, "run_by_kiln": False, **check}
+        inputs = _build(model, inputs, shape_dict, out_dir, fp16, options, scratch, progress, details)
     except (ConversionFailed, InvalidSpec, EngineUnavailable):
         raise
     except Exception as exc:
-        hint = None
-        if "must have the same datatype" in str(exc):
-            # TVM 0.27's ONNX frontend folds a Shape -> Cast -> Sqrt chain (an attention scale) into a
-            # float64 scalar and then refuses float32 / float64; Kiln's constant folding removes the chain.
-            hint = "Compile with optimize: true (the default) so Kiln folds shape arithmetic before TVM imports it."
-        raise ConversionFailed(
-            f"TVM cannot compile the model: {exc}", hint=hint, tool="tvm.relax", output=str(exc)[-4000:]
-        ) from exc
+        pinned = _given_shapes(inputs, spec_inputs) if shape_dict is None else None
+        if pinned is None:
+            raise _tvm_failed(exc) from exc
+        why = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        progress(f"TVM cannot compile the open axes ({why}); building for the given shapes {pinned}")
+        details.clear()
+        try:
+            inputs = _build(model, inputs, pinned, out_dir, fp16, options, scratch, progress, details)
+        except (ConversionFailed, InvalidSpec, EngineUnavailable):
+            raise
+        except Exception as again:
+            raise _tvm_failed(again) from again
+        details["built_for"] = {"shapes": pinned, "why": f"TVM could not compile the open axes: {why}"}
     io = {"inputs": [t.to_dict() for t in inputs], "outputs": [t.to_dict() for t in outputs]}
     (out_dir / IO_FILE).write_text(json.dumps(io, indent=2) + "\n")
     return details
+
+
+def _build(
+    model: Any,
+    inputs: list[TensorSpec],
+    shape_dict: dict[str, list[int]] | None,
+    out_dir: Path,
+    fp16: bool,
+    options: TvmOptions,
+    scratch: Path,
+    progress: Callable[[str], None],
+    details: dict[str, Any],
+) -> list[TensorSpec]:
+    """Import, (tune,) compile and write the libraries at ``shape_dict`` (None: open axes); return the io inputs."""
+    tvm = import_tvm()
+    from tvm import relax
+
+    target = cpu_target(options, for_tuning=bool(options.tuning_trials))
+    details.update(
+        {
+            "target": {"kind": "llvm", "mcpu": str(target.attrs["mcpu"])},
+            "precision": {"mixed_precision": "fp16 compute, fp32 accumulate", "io": "float32"} if fp16 else "fp32",
+            "weights": PARAMS,
+        }
+    )
+    progress("importing ONNX into Relax")
+    base, weights = _relax_module(model, shape_dict, fp16)
+    mod = base
+    if shape_dict is not None:
+        inputs = [TensorSpec(t.name, t.dtype, tuple(shape_dict[t.name])) for t in inputs]
+    if shape_dict is not None and options.tuning_trials:
+        from services.tvm._tuning import tune_module
+
+        progress(f"tuning with MetaSchedule ({options.tuning_trials} trials)")
+        mod, summary = tune_module(_fused(base, target), target, options.tuning_trials, scratch / "tuning")
+        details["tuning"] = {**summary, "static_shapes": shape_dict}
+    progress(f"compiling for {details['target']['mcpu']}")
+    executable = tvm.compile(mod, target=target)
+    vm = relax.VirtualMachine(executable, tvm.cpu())
+    transformed = list(vm["main_transform_params"](weights))
+    if "tuning" in details:
+        # A small budget can pick schedules slower than TVM's defaults (measured: 64 trials made a
+        # transformer block 1.4x slower); keep whichever library is faster on these shapes.
+        default_exec = tvm.compile(base, target=target)
+        default_vm = relax.VirtualMachine(default_exec, tvm.cpu())
+        default_weights = list(default_vm["main_transform_params"](weights))
+        kept, timing = _faster(vm, transformed, default_vm, default_weights, inputs)
+        details["tuning"]["speed_check"] = timing
+        if kept == "default":
+            progress("TVM's default schedules are faster than the tuned ones: keeping them")
+            executable, transformed = default_exec, default_weights
+    executable.export_library(str(out_dir / LIBRARY))
+    blob = tvm.runtime.save_param_dict({f"p{i}": w for i, w in enumerate(transformed)})
+    (out_dir / PARAMS).write_bytes(bytes(blob))
+    details["params"] = {"count": len(transformed), "dtypes": sorted({str(w.dtype) for w in transformed})}
+    if options.cuda_arch:
+        progress(f"cross-compiling for CUDA {options.cuda_arch}")
+        cuda_target = tvm.target.Target({"kind": "cuda", "arch": options.cuda_arch}, host={"kind": "llvm"})
+        cuda_lib = tvm.compile(base, target=cuda_target)  # GPU kernels get TVM's default GPU schedules
+        cuda_lib.export_library(str(out_dir / CUDA_LIBRARY))
+        check = _nvcc_check(cuda_lib.mod, options.cuda_arch, scratch)
+        details["cuda"] = {"library": CUDA_LIBRARY, "arch": options.cuda_arch, "run_by_kiln": False, **check}
+    return inputs
+
+
+def _tvm_failed(exc: BaseException) -> ConversionFailed:
+    hint = None
+    if "must have the same datatype" in str(exc):
+        # TVM 0.27's ONNX frontend folds a Shape -> Cast -> Sqrt chain (an attention scale) into a
+        # float64 scalar and then refuses float32 / float64; Kiln's constant folding removes the chain.
+        hint = "Compile with optimize: true (the default) so Kiln folds shape arithmetic before TVM imports it."
+    elif "shape" in str(exc).lower():
+        hint = "Give every open input axis a concrete size (inputs.<name>.shape, or kiln compile --input NAME:1x3x480x640) and Kiln builds the library for it."
+    return ConversionFailed(
+        f"TVM cannot compile the model: {exc}", hint=hint, tool="tvm.relax", output=str(exc)[-4000:]
+    )
+
+
+def _given_shapes(inputs: list[TensorSpec], spec_inputs: dict[str, Any]) -> dict[str, list[int]] | None:
+    """Every input's shape with its open axes closed by the spec's concrete ``shape`` (or ``opt``); None when any stays open or none is open."""
+    if all(None not in t.shape for t in inputs):
+        return None
+    try:
+        return _static_shapes(inputs, spec_inputs)
+    except InvalidSpec:
+        return None
