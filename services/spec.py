@@ -116,10 +116,19 @@ class InputSpec(_Strict):
         "below its vocabulary) or a standard normal.",
     )
 
+    value: bool | int | float | None = Field(
+        default=None,
+        description="One fixed value for this input. A tensor input is filled with it in generated samples (e.g. a "
+        "sample rate, 16000); a non-tensor argument of a PyTorch forward() (int, float, bool) is baked into the "
+        "artifact as a constant and leaves its signature.",
+    )
+
     @model_validator(mode="after")
     def _profile_consistent(self) -> InputSpec:
         if self.range is not None and not self.range[0] < self.range[1]:
             raise ValueError(f"range needs low < high, got {self.range}")
+        if self.range is not None and self.value is not None:
+            raise ValueError("give range or value, not both")
         given = [s for s in (self.min, self.opt, self.max) if s is not None]
         if given and len(given) != 3:
             raise ValueError("give all of min, opt and max, or none of them")

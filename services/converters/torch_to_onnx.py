@@ -52,26 +52,31 @@ def _describe(inputs: list[TensorSpec], outputs: list[TensorSpec]) -> dict[str, 
     return {"inputs": [t.to_dict() for t in inputs], "outputs": [t.to_dict() for t in outputs]}
 
 
-def _flattened(module: Any, example: tuple[Any, ...]) -> Any:
-    """Return ``module`` traced behind a wrapper that returns its output leaves as a tuple.
+def _wrapped(runner: Any, example: tuple[Any, ...]) -> Any:
+    """Return the runner's module traced behind a wrapper that takes the fed tensors alone.
 
-    The TorchScript exporter cannot emit dict outputs (prim::DictConstruct, as traced
-    Hugging Face models return). Tracing a wrapper keeps the inner module's TorchScript
-    graph as a call (its control flow intact) and only flattens the result.
+    The wrapper puts the spec's pinned values (``inputs.<name>.value``) in their places, so
+    the exported graph is specialised for them and its signature leaves them out; and it
+    returns the output leaves as a tuple, since the TorchScript exporter cannot emit dict
+    outputs (prim::DictConstruct, as traced Hugging Face models return). Tracing a wrapper
+    keeps the inner module's TorchScript graph as a call (its control flow intact).
     """
     import torch
     from torch.utils import _pytree as pytree
 
-    class Flatten(torch.nn.Module):
+    names = [t.name for t in runner.inputs]
+
+    class Pinned(torch.nn.Module):
         def __init__(self, inner: Any) -> None:
             super().__init__()
             self.inner = inner
 
-        def forward(self, *args: Any) -> tuple[Any, ...]:
+        def forward(self, *tensors: Any) -> tuple[Any, ...]:
+            args = runner.call_arguments(dict(zip(names, tensors, strict=True)))
             return tuple(pytree.tree_leaves(self.inner(*args)))
 
     with torch.no_grad():
-        return torch.jit.trace(Flatten(module), example, strict=False, check_trace=False)
+        return torch.jit.trace(Pinned(runner.module), example, strict=False, check_trace=False)
 
 
 def torchscript_to_onnx(ctx: StepContext) -> Artifact:
@@ -92,7 +97,10 @@ def torchscript_to_onnx(ctx: StepContext) -> Artifact:
     dst = ctx.out_dir / MODEL_FILE
     ctx.progress(f"exporting TorchScript to ONNX opset {opset} (dynamic axes {dynamic_axes or 'none'})")
     try:
-        module = _flattened(runner.module, example) if runner.structured_output else runner.module
+        if runner.static_arguments or runner.structured_output:
+            module = _wrapped(runner, example)
+        else:
+            module = runner.module
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
             torch.onnx.export(
@@ -125,6 +133,7 @@ def torchscript_to_onnx(ctx: StepContext) -> Artifact:
             "opset": opset,
             "dynamic_axes": dynamic_axes,
             "flattened_outputs": runner.structured_output,
+            "static_arguments": runner.static_arguments,
             "io": _describe(runner.inputs, runner.outputs),
         },
     )

@@ -169,7 +169,7 @@ def refuse_nonfinite(outputs: list[dict[str, np.ndarray]], inputs_from: str) -> 
 def run_reference_step(ctx: StepContext) -> Artifact:
     """Compute the signature, parity inputs and source outputs; return the reference artifact."""
     runner = source_runner(ctx)
-    check_spec_inputs(runner.inputs, ctx.spec)
+    check_spec_inputs(runner.inputs, ctx.spec, static=runner.static_arguments)
     unknown = sorted(set(ctx.spec.validation.class_axis) - {t.name for t in runner.outputs})
     if unknown:
         raise InvalidSpec(

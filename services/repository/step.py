@@ -26,6 +26,7 @@ def build_manifest(ctx: StepContext, exported: Artifact) -> dict[str, Any]:
     passes: list[dict[str, Any]] = []
     speed_guard: dict[str, Any] | None = None
     opset_upgrade: dict[str, Any] | None = None
+    static_arguments: dict[str, Any] = {}
     for rec in lineage:
         tools.update(rec.get("tool_versions", {}))
         passes.extend(rec.get("report", {}).get("passes", []))
@@ -33,6 +34,8 @@ def build_manifest(ctx: StepContext, exported: Artifact) -> dict[str, Any]:
         speed_guard = rec.get("report", {}).get("speed_guard", speed_guard)
         # An old opset the optimize step upgraded: from, to, why (services/passes/opset_upgrade.py).
         opset_upgrade = rec.get("report", {}).get("opset_upgrade") or opset_upgrade
+        # Arguments the spec pinned (inputs.<name>.value) that the converter baked in as constants.
+        static_arguments = rec.get("report", {}).get("static_arguments") or static_arguments
     return {
         "kiln_manifest": 1,
         "job_id": ctx.job_id,
@@ -58,6 +61,7 @@ def build_manifest(ctx: StepContext, exported: Artifact) -> dict[str, Any]:
         "passes": passes,
         "speed_guard": speed_guard,
         "opset_upgrade": opset_upgrade,
+        "static_arguments": static_arguments,
         "tool_versions": tools,
         "io": meta.get("io"),
         "parity": meta.get("parity"),

@@ -62,6 +62,9 @@ class ModelRunner(abc.ABC):
 
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
+    #: Non-tensor arguments pinned by the spec's ``inputs.<name>.value`` and passed on every run
+    #: (a PyTorch forward's ``sr: int``): not fed, not in the artifact's signature.
+    static_arguments: dict[str, Any] = {}  # noqa: RUF012 - read-only default; runners assign their own
 
     @abc.abstractmethod
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

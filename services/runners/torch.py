@@ -98,21 +98,50 @@ def _to_numpy(value: Any) -> np.ndarray:
     return np.asarray(value)
 
 
-def _fed_arguments(args: list[Any], given: dict[str, Any], what: str) -> list[str]:
-    """Return the forward() arguments Kiln feeds, positionally: the leading tensors.
+#: forward() argument types a spec ``value`` can pin, and what each accepts.
+_STATIC_TYPES: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "bool": (bool,)}
+
+
+def _static_value(arg: Any, given: Any, what: str) -> bool | int | float:
+    """Return the spec's value for a non-tensor argument, checked against its type; refuse when there is none."""
+    kind = str(arg.type)
+    accepted = _STATIC_TYPES.get(kind)
+    value: bool | int | float | None = given.value if given is not None else None
+    if accepted is None or value is None:
+        pin = f' Pin it with inputs.{arg.name}.value (e.g. {{"value": 16000}}) to compile a graph specialised for it.'
+        raise InvalidSpec(
+            f"Kiln feeds tensors only; forward() of {what} takes {arg.name}: {kind}",
+            hint=(
+                "Wrap the module so forward() takes only tensors, then script or trace it again."
+                if accepted is None
+                else "Kiln cannot feed it per sample." + pin
+            ),
+            field=f"inputs.{arg.name}",
+        )
+    if (isinstance(value, bool) and kind != "bool") or not isinstance(value, accepted):
+        raise InvalidSpec(
+            f"inputs.{arg.name}.value is {value!r}; forward() of {what} takes {arg.name}: {kind}",
+            hint=f"Give a {kind} value.",
+            field=f"inputs.{arg.name}.value",
+        )
+    return float(value) if kind == "float" else value
+
+
+def _fed_arguments(args: list[Any], given: dict[str, Any], what: str) -> tuple[list[str], dict[str, Any]]:
+    """Return the forward() arguments Kiln feeds, positionally (the leading tensors), and the pinned ones.
 
     An argument with a default keeps it (with all after it) unless the spec names it; a
-    required argument that is not a tensor cannot be fed.
+    required int, float or bool argument is baked in from the spec's ``inputs.<name>.value``
+    (a graph specialised for it, as torch.onnx's tracing makes anyway); any other type cannot
+    be fed.
     """
     names: list[str] = []
+    static: dict[str, Any] = {}
     for a in args:
         if a.has_default_value() and a.name not in given:
             break
         if str(a.type) not in ("Tensor", "Optional[Tensor]"):
-            raise InvalidSpec(
-                f"Kiln feeds tensors only; forward() of {what} takes {a.name}: {a.type}",
-                hint="Wrap the module so forward() takes only tensors, then script or trace it again.",
-            )
+            static[a.name] = _static_value(a, given.get(a.name), what)
         names.append(a.name)
     rest = args[len(names) :]
     late = [a.name for a in rest if a.name in given]
@@ -127,7 +156,7 @@ def _fed_arguments(args: list[Any], given: dict[str, Any], what: str) -> list[st
             f"spec inputs {unknown} are not inputs of the model; forward() takes {[a.name for a in args]}",
             hint=_INPUTS_HINT,
         )
-    return names
+    return names, static
 
 
 class TorchScriptRunner(ModelRunner):
@@ -142,11 +171,14 @@ class TorchScriptRunner(ModelRunner):
         except RuntimeError as exc:
             raise SourceUnreadable(f"{Path(path).name} has no forward method") from exc
         given = dict(inputs or {})
-        names = _fed_arguments(schema.arguments[1:], given, Path(path).name)  # [0] is self
+        #: forward()'s arguments in order; the pinned ones are in static_arguments
+        self.arguments, self.static_arguments = _fed_arguments(
+            schema.arguments[1:], given, Path(path).name
+        )  # [0] is self
         traced = traced_inputs(Path(path))
         self.inputs = []
         missing = []
-        for i, name in enumerate(names):
+        for i, name in enumerate(n for n in self.arguments if n not in self.static_arguments):
             spec_in = given.get(name)
             shape = spec_in.concrete_shape() if spec_in else None
             recorded = traced[i] if traced and i < len(traced) else None
@@ -167,7 +199,7 @@ class TorchScriptRunner(ModelRunner):
             )
         # TorchScript types carry no output shapes or dict keys: one run on example inputs
         # of the declared shapes tells names, dtypes and ranks.
-        probe = [torch.from_numpy(self._example(t)) for t in self.inputs]
+        probe = self.call_arguments({t.name: torch.from_numpy(self._example(t)) for t in self.inputs})
         with torch.no_grad():
             out = self.module(*probe)
         from torch.utils import _pytree as pytree
@@ -203,11 +235,15 @@ class TorchScriptRunner(ModelRunner):
         import torch
         from torch.utils import _pytree as pytree
 
-        args = [torch.from_numpy(contiguous(feeds[t.name])) for t in self.inputs]
+        args = self.call_arguments({t.name: torch.from_numpy(contiguous(feeds[t.name])) for t in self.inputs})
         with torch.no_grad():
             out = self.module(*args)
         leaves = pytree.tree_leaves(out)
         return {o.name: _to_numpy(x) for o, x in zip(self.outputs, leaves, strict=True)}
+
+    def call_arguments(self, tensors: dict[str, Any]) -> list[Any]:
+        """forward()'s positional arguments: the fed tensors with the pinned values in their places."""
+        return [self.static_arguments[n] if n in self.static_arguments else tensors[n] for n in self.arguments]
 
 
 class ExportedProgramRunner(ModelRunner):

@@ -12,6 +12,7 @@ provenance is recorded (:class:`ParityInputs`) and reaches the manifest.
 from __future__ import annotations
 
 import zipfile
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,10 +90,13 @@ def resolve_shape(tensor: TensorSpec, spec: CompileSpec) -> list[int]:
     return [d if d is not None else (1 if i == 0 else DEFAULT_DYNAMIC_DIM) for i, d in enumerate(tensor.shape)]
 
 
-def check_spec_inputs(inputs: list[TensorSpec], spec: CompileSpec) -> None:
-    """Refuse spec ``inputs`` that name no input of the model (INVALID_SPEC naming them), for every format."""
+def check_spec_inputs(inputs: list[TensorSpec], spec: CompileSpec, static: Collection[str] = ()) -> None:
+    """Refuse spec ``inputs`` that name no input of the model (INVALID_SPEC naming them), for every format.
+
+    ``static``: arguments the model takes that the spec pinned to a value (baked in, not fed).
+    """
     names = [t.name for t in inputs]
-    unknown = sorted(set(spec.inputs) - set(names))
+    unknown = sorted(set(spec.inputs) - set(names) - set(static))
     if unknown:
         raise InvalidSpec(
             f"spec inputs {unknown} are not inputs of the model; it takes {names}",
@@ -284,6 +288,8 @@ def sample_input(
     """Return one generated parity sample of ``tensor`` and how its values were made."""
     dtype = np.dtype(_dtype_name(tensor))
     name = tensor.name.lower()
+    if given is not None and given.value is not None:
+        return np.full(shape, given.value, dtype=dtype), f"the spec's value {given.value}"
     span = given.range if given is not None and given.range is not None else None
     if dtype.kind == "f":
         if span is not None:
@@ -325,7 +331,8 @@ def ungeneratable_inputs(inputs: list[TensorSpec], spec: CompileSpec, bounds: di
     for t in inputs:
         bound = bounds.get(t.name)
         given = spec.inputs.get(t.name)
-        if bound is not None and not bound.generatable and not (given is not None and given.range is not None):
+        said = given is not None and (given.range is not None or given.value is not None)
+        if bound is not None and not bound.generatable and not said:
             out[t.name] = bound.why
     return out
 
