@@ -36,8 +36,14 @@ from services.storage import LocalArtifactStore
 def _cell(model: real_models.RealModel, target: str, work: Path) -> dict[str, Any]:
     path = real_models.fetch(model)
     feeds = real_models.realistic_inputs(model, path, n=8, seed=7)
-    np.savez(work / "samples.npz", **feeds)
     axes = {t.name: t.batch_axis for t in model.inputs}
+    if all(axis == 0 for axis in axes.values()):
+        np.savez(work / "samples.npz", **feeds)
+    else:  # a state batched on axis 1, a scalar: whole feeds, one per sample
+        samples = real_models.split_samples(model, feeds)
+        np.savez(
+            work / "samples.npz", **{f"{i}/{k}": np.asarray(v) for i, f in enumerate(samples) for k, v in f.items()}
+        )
     shapes = {}
     for name, arr in feeds.items():
         shape = list(arr.shape)
