@@ -1,0 +1,116 @@
+"""Time every passing candidate side by side, round by round, alone on the host, with the spread.
+
+All candidates are open at once and :func:`services.benchmark.time_interleaved` runs each once
+per round in a shuffled order, so a change in the machine's load (other jobs, thermal) hits
+them alike and the rounds pair up across candidates. The timing holds the host alone as
+benchmarks do (services/pipeline/host_gate.py): no compile step of this host runs meanwhile.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from services.benchmark import feeds_for_batch, time_interleaved
+from services.formats import Format
+from services.pipeline.host_gate import host_alone
+from services.runners import ModelRunner, open_runner
+from services.spec import CompileSpec
+from services.tune.budget import Deadline
+from services.tune.report import Candidate
+from services.tune.space import runner_options
+
+__all__ = ["bootstrap_ci", "measure_candidates", "open_candidate"]
+
+#: Rounds every timed candidate gets even when the budget has run out (fewer say nothing about p99).
+MIN_ROUNDS = 5
+_BOOTSTRAP = 1000
+
+
+def bootstrap_ci(samples: np.ndarray, stat: Any = np.median, level: float = 0.95, seed: int = 0) -> list[float]:
+    """Return the bootstrap ``level`` interval of ``stat`` over ``samples`` (seeded, so reruns agree)."""
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(samples), size=(_BOOTSTRAP, len(samples)))
+    stats = stat(samples[idx], axis=1)
+    lo, hi = np.percentile(stats, [(1 - level) / 2 * 100, (1 + level) / 2 * 100])
+    return [float(lo), float(hi)]
+
+
+def open_candidate(c: Candidate, artifact_format: str, **extra: Any) -> ModelRunner:
+    """Open ``c``'s artifact with the runner options of its settings (and ``extra`` ones, e.g. profiling)."""
+    assert c.artifact is not None
+    options = {k: v for k, v in runner_options(c.target, c.settings).items() if v is not None}
+    return open_runner(Format(artifact_format), c.artifact, **options, **extra)
+
+
+def measure_candidates(
+    candidates: list[Candidate],
+    formats: dict[str, str],
+    spec: CompileSpec,
+    *,
+    rounds: int,
+    warmup: int,
+    deadline: Deadline,
+) -> dict[str, Any]:
+    """Time the candidates (``status == "timed"`` on entry: built and passing) side by side; fill their figures.
+
+    ``formats`` maps a target to its artifact format. A candidate whose runner refuses its
+    settings, or whose batch axis is fixed to another size, leaves the race with a reason.
+    Returns how the measurement went (rounds run, host alone, stopped by the budget).
+    """
+    entries: list[tuple[ModelRunner, dict[str, np.ndarray]]] = []
+    racing: list[Candidate] = []
+    try:
+        for c in candidates:
+            if c.status != "timed":
+                continue
+            try:
+                runner = open_candidate(c, formats[c.target])
+            except Exception as exc:  # an engine refusing a setting must not end the search
+                c.status, c.passed, c.reason = "failed", False, f"cannot open with {c.settings}: {exc}"[:500]
+                continue
+            feeds = feeds_for_batch(runner, spec, c.batch)
+            if feeds is None:
+                runner.close()
+                c.status, c.passed, c.reason = "skipped", False, f"its batch axis is fixed: batch {c.batch} cannot run"
+                continue
+            entries.append((runner, feeds))
+            racing.append(c)
+        if not entries:
+            return {"rounds": 0, "warmup": warmup, "alone": None, "stopped_by_budget": False}
+        ran = 0
+
+        def keep_going() -> bool:
+            nonlocal ran
+            ran += 1
+            return ran < MIN_ROUNDS or not deadline.passed()
+
+        with host_alone() as quiet:
+            times = time_interleaved(entries, warmup, rounds, shuffle_seed=0, keep_going=keep_going)
+    finally:
+        for runner, _ in entries:
+            runner.close()
+    for c, row in zip(racing, times, strict=True):
+        ms = row * 1e3
+        p25, p50, p75, p99 = (float(v) for v in np.percentile(ms, [25, 50, 75, 99]))
+        c.p50_ms, c.p99_ms, c.p25_ms, c.p75_ms = p50, p99, p25, p75
+        c.iqr_ms = p75 - p25
+        c.p50_ci_ms = bootstrap_ci(ms)
+        c.mean_ms = float(ms.mean())
+        c.throughput = float(c.batch / row.mean())
+        c.rounds = int(row.size)
+        c.times = [float(t) for t in row]
+        c.passed = True
+    done = int(times.shape[1])
+    return {
+        "rounds": done,
+        "rounds_planned": rounds,
+        "warmup": warmup,
+        "interleaved": True,
+        "order": "shuffled each round (seed 0)",
+        "alone": quiet.alone,
+        "waited_for_host_s": quiet.waited_s,
+        "stopped_by_budget": done < rounds,
+        "timed_candidates": len(racing),
+    }
