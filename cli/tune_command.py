@@ -106,7 +106,7 @@ def _print_report(body: dict[str, Any], show_profile: bool) -> None:
     out.print(f"  {rec['verdict']}", soft_wrap=True)
     if body.get("published"):
         pub = body["published"]
-        out.print(f"[bold]published[/]: {pub.get('name', '')} version {pub.get('version', '')} {pub.get('path', '')}")
+        out.print(f"[bold]published[/]: {pub.get('name', '')} version {pub.get('version', '')} {pub.get('uri', '')}")
     if show_profile:
         for role, prof in body["profiles"].items():
             if not prof.get("available"):

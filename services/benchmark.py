@@ -128,7 +128,7 @@ def time_interleaved(
             break
         if rng is not None:
             rng.shuffle(order)
-        for j in order:
+        for j in order.tolist():
             runner, feeds = entries[j]
             t0 = time.perf_counter()
             runner.run(feeds)

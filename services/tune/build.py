@@ -121,7 +121,7 @@ def build_artifacts(
                     model, spec, store=store, repository=repository, on_event=on_event, use_cache=use_cache
                 )
             except KilnError as exc:  # the whole job refused (planning, the source): nothing of it is built
-                error = {"code": exc.code, "message": str(exc)[:500]}
+                error: dict[str, Any] = {"code": exc.code, "message": str(exc)[:500]}
                 result.built.extend(Built(t, precision, "failed", error=error) for t in wanted)
                 fp32_failed |= set(wanted) if precision == "fp32" else set()
                 continue

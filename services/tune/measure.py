@@ -8,6 +8,7 @@ benchmarks do (services/pipeline/host_gate.py): no compile step of this host run
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,7 +42,7 @@ def open_candidate(c: Candidate, artifact_format: str, **extra: Any) -> ModelRun
     """Open ``c``'s artifact with the runner options of its settings (and ``extra`` ones, e.g. profiling)."""
     assert c.artifact is not None
     options = {k: v for k, v in runner_options(c.target, c.settings).items() if v is not None}
-    return open_runner(Format(artifact_format), c.artifact, **options, **extra)
+    return open_runner(Format(artifact_format), Path(c.artifact), **options, **extra)
 
 
 def measure_candidates(
