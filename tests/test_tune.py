@@ -45,6 +45,7 @@ def cnn_report(cnn_onnx: Path, cache_dir: Path) -> dict[str, Any]:
         rounds=15,
         warmup=2,
         profile_runs=5,
+        race=False,  # every candidate in every round: the assertions below compare them all
     )
     report = tune_model(req, store=LocalArtifactStore(cache_dir / "store"))
     return {"report": report, "body": report.to_dict()}
@@ -229,6 +230,27 @@ def test_budget_spent_stops_early_and_says_so(cnn_onnx: Path, cache_dir: Path) -
     assert body["stopped_early"] and "budget" in body["stopped_early"]
     assert body["recommendation"] is None
     assert {c["status"] for c in body["candidates"]} == {"skipped"}
+
+
+def test_racing_drops_only_candidates_that_cannot_win(cnn_onnx: Path, cache_dir: Path) -> None:
+    """LiteRT without XNNPACK is several times slower than with it: it leaves the race; the pick never does."""
+    req = TuneRequest(
+        model=cnn_onnx, targets=["onnxruntime", "tflite"], precisions=["fp32"], rounds=60, warmup=2, profile=False
+    )
+    body = tune_model(req, store=LocalArtifactStore(cache_dir / "store")).to_dict()
+    timed = [c for c in body["candidates"] if c["passed"]]
+    m = body["measurement"]
+    assert m["racing"] is True and m["rounds"] == 60
+    left = [c for c in timed if c["reason"] and c["reason"].startswith("left the race")]
+    assert m["left_the_race"] == len(left) <= len(timed) - 2
+    assert any(c["target"] == "tflite" and c["settings"]["xnnpack"] is False for c in left)
+    rec = body["recommendation"]
+    assert rec["rounds"] == 60 and rec["runner_up"]["rounds"] == 60
+    for c in left:
+        assert 20 <= c["rounds"] < 60 and c["id"] != rec["id"]
+        # It left because its p50 was clearly worse than the pick's; the full-length rows did not.
+        assert c["p50_ms"] > rec["p50_ms"]
+    assert all(c["rounds"] == 60 for c in timed if c not in left)
 
 
 def test_parse_budget_and_exec_precision() -> None:

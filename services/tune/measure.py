@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from services.benchmark import feeds_for_batch, time_interleaved
+from services.benchmark import feeds_for_batch
 from services.formats import Format
 from services.pipeline.host_gate import host_alone
 from services.runners import ModelRunner, open_runner
@@ -53,12 +53,15 @@ def measure_candidates(
     rounds: int,
     warmup: int,
     deadline: Deadline,
+    max_p99_ms: float | None = None,
+    racing_enabled: bool = False,
 ) -> dict[str, Any]:
     """Time the candidates (``status == "timed"`` on entry: built and passing) side by side; fill their figures.
 
     ``formats`` maps a target to its artifact format. A candidate whose runner refuses its
     settings, or whose batch axis is fixed to another size, leaves the race with a reason.
-    Returns how the measurement went (rounds run, host alone, stopped by the budget).
+    With ``racing_enabled`` candidates that cannot win stop being timed early (services/tune/race.py).
+    Returns how the measurement went (rounds run, host alone, stopped by the budget, left the race).
     """
     entries: list[tuple[ModelRunner, dict[str, np.ndarray]]] = []
     racing: list[Candidate] = []
@@ -87,12 +90,25 @@ def measure_candidates(
             ran += 1
             return ran < MIN_ROUNDS or not deadline.passed()
 
+        from services.tune.race import race
+
         with host_alone() as quiet:
-            times = time_interleaved(entries, warmup, rounds, shuffle_seed=0, keep_going=keep_going)
+            raced = race(
+                entries,
+                [c.batch for c in racing],
+                warmup=warmup,
+                rounds=rounds,
+                keep_going=keep_going,
+                max_p99_ms=max_p99_ms,
+                enabled=racing_enabled,
+            )
     finally:
         for runner, _ in entries:
             runner.close()
-    for c, row in zip(racing, times, strict=True):
+    for i, c in enumerate(racing):
+        row = np.asarray(raced.rows[i])
+        if i in raced.dropped:
+            c.reason = raced.dropped[i]
         ms = row * 1e3
         p25, p50, p75, p99 = (float(v) for v in np.percentile(ms, [25, 50, 75, 99]))
         c.p50_ms, c.p99_ms, c.p25_ms, c.p75_ms = p50, p99, p25, p75
@@ -103,9 +119,11 @@ def measure_candidates(
         c.rounds = int(row.size)
         c.times = [float(t) for t in row]
         c.passed = True
-    done = int(times.shape[1])
+    done = raced.rounds
     return {
         "rounds": done,
+        "racing": racing_enabled,
+        "left_the_race": len(raced.dropped),
         "rounds_planned": rounds,
         "warmup": warmup,
         "interleaved": True,

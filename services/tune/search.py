@@ -48,6 +48,8 @@ class TuneRequest:
     name: str | None = None  # the published name (with a repository)
     use_cache: bool = True
     cpus: int | None = None  # thread counts to try go up to this (default: the machine's)
+    #: Stop timing candidates that cannot win (services/tune/race.py); False times all for every round.
+    race: bool = True
 
     def check(self) -> None:
         """Raise INVALID_SPEC for an objective, batch or target the search cannot take."""
@@ -147,7 +149,16 @@ def tune_model(
     formats = {b.target: b.artifact_format for b in builds.built if b.artifact_format}
     spec = load_spec({**req.spec_data, "targets": [targets[0]]})
     emit({"type": "tune_measure", "candidates": sum(c.status == "timed" for c in candidates)})
-    measurement = measure_candidates(candidates, formats, spec, rounds=req.rounds, warmup=req.warmup, deadline=deadline)
+    measurement = measure_candidates(
+        candidates,
+        formats,
+        spec,
+        rounds=req.rounds,
+        warmup=req.warmup,
+        deadline=deadline,
+        max_p99_ms=req.max_p99_ms,
+        racing_enabled=req.race and req.objective != "size",
+    )
     stopped = builds.stopped
     if measurement.get("stopped_by_budget"):
         stopped = (stopped + "; " if stopped else "") + (
