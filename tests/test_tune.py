@@ -208,6 +208,11 @@ def test_cli_json_shape_table_and_publish(cnn_onnx: Path, cache_dir: Path, tmp_p
     assert "★ recommended" in proc.stdout and "recommendation: onnxruntime fp32" in proc.stdout
     assert "profile: recommendation" in proc.stdout and "Conv" in proc.stdout
     assert (repo / "triton" / "cnn" / "1" / "model.onnx").is_file()
+    manifest = json.loads((repo / "triton" / "cnn" / "1" / "kiln-manifest.json").read_text())
+    assert manifest["target"] == "onnxruntime" and manifest["precision"] == "fp32"
+    tune = manifest["tune"]
+    assert tune["chosen"]["target"] == "onnxruntime" and tune["chosen"]["settings"]["threads"] >= 1
+    assert "Conv" in {op["op_type"] for op in tune["profiles"]["recommendation"]["top_ops"]}
 
 
 def test_cli_refuses_and_fails_with_exit_statuses(cnn_onnx: Path, cache_dir: Path) -> None:

@@ -19,23 +19,15 @@ from services.pipeline.host_gate import host_alone
 from services.runners import ModelRunner, open_runner
 from services.spec import CompileSpec
 from services.tune.budget import Deadline
+from services.tune.race import race
 from services.tune.report import Candidate
 from services.tune.space import runner_options
+from services.tune.stats import bootstrap_ci
 
-__all__ = ["bootstrap_ci", "measure_candidates", "open_candidate"]
+__all__ = ["measure_candidates", "open_candidate"]
 
 #: Rounds every timed candidate gets even when the budget has run out (fewer say nothing about p99).
 MIN_ROUNDS = 5
-_BOOTSTRAP = 1000
-
-
-def bootstrap_ci(samples: np.ndarray, stat: Any = np.median, level: float = 0.95, seed: int = 0) -> list[float]:
-    """Return the bootstrap ``level`` interval of ``stat`` over ``samples`` (seeded, so reruns agree)."""
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(samples), size=(_BOOTSTRAP, len(samples)))
-    stats = stat(samples[idx], axis=1)
-    lo, hi = np.percentile(stats, [(1 - level) / 2 * 100, (1 + level) / 2 * 100])
-    return [float(lo), float(hi)]
 
 
 def open_candidate(c: Candidate, artifact_format: str, **extra: Any) -> ModelRunner:
@@ -83,24 +75,16 @@ def measure_candidates(
             racing.append(c)
         if not entries:
             return {"rounds": 0, "warmup": warmup, "alone": None, "stopped_by_budget": False}
-        ran = 0
-
-        def keep_going() -> bool:
-            nonlocal ran
-            ran += 1
-            return ran < MIN_ROUNDS or not deadline.passed()
-
-        from services.tune.race import race
-
         with host_alone() as quiet:
             raced = race(
                 entries,
                 [c.batch for c in racing],
                 warmup=warmup,
                 rounds=rounds,
-                keep_going=keep_going,
+                keep_going=lambda: not deadline.passed(),
                 max_p99_ms=max_p99_ms,
                 enabled=racing_enabled,
+                min_rounds=MIN_ROUNDS,
             )
     finally:
         for runner, _ in entries:

@@ -1,6 +1,6 @@
 """Racing: time candidates in blocks of rounds and stop timing those that cannot win.
 
-After ``MIN_ROUNDS`` rounds, a candidate leaves the race when the bootstrap 95% interval of
+After ``RACE_AFTER`` rounds, a candidate leaves the race when the bootstrap 95% interval of
 its p50 starts above the leader's interval by more than ``MARGIN`` of it: more rounds would
 not make it the recommendation. The leader is the fastest candidate whose p99 so far meets
 the SLO (none is dropped while none meets it), per sample for the throughput objective. The
@@ -17,12 +17,12 @@ import numpy as np
 
 from services.benchmark import time_interleaved
 from services.runners import ModelRunner
-from services.tune.measure import bootstrap_ci
+from services.tune.stats import bootstrap_ci
 
-__all__ = ["BLOCK", "MARGIN", "MIN_ROUNDS", "RaceResult", "race"]
+__all__ = ["BLOCK", "MARGIN", "RACE_AFTER", "RaceResult", "race"]
 
 BLOCK = 10
-MIN_ROUNDS = 20
+RACE_AFTER = 20
 MARGIN = 0.10
 
 
@@ -66,26 +66,43 @@ def race(
     keep_going: Callable[[], bool],
     max_p99_ms: float | None,
     enabled: bool = True,
+    min_rounds: int = 5,
 ) -> RaceResult:
-    """Time ``entries`` side by side in blocks of rounds; with ``enabled``, drop those that cannot win."""
+    """Time ``entries`` side by side in blocks of rounds; with ``enabled``, drop those that cannot win.
+
+    ``keep_going`` (the budget) is asked between rounds once ``min_rounds`` have run.
+    """
     result = RaceResult(rows=[[] for _ in entries])
     live = list(range(len(entries)))
     done = 0
+
+    def guard(start: int) -> Callable[[], bool]:
+        finished = 0
+
+        def go_on() -> bool:  # asked before each round of a block but its first
+            nonlocal finished
+            finished += 1
+            return start + finished < min_rounds or keep_going()
+
+        return go_on
+
     while done < rounds and live:
+        if done >= min_rounds and not keep_going():
+            break
         block = min(BLOCK, rounds - done)
         times = time_interleaved(
             [entries[i] for i in live],
             warmup if done == 0 else 0,
             block,
             shuffle_seed=done,
-            keep_going=keep_going,
+            keep_going=guard(done),
         )
         for k, i in enumerate(live):
             result.rows[i].extend(float(t) for t in times[k])
         done += times.shape[1]
         if times.shape[1] < block:
             break  # the budget ran out inside the block
-        if enabled and done >= MIN_ROUNDS and len(live) > 2:
+        if enabled and done >= RACE_AFTER and len(live) > 2:
             gone = _dropouts(live, result.rows, batches, max_p99_ms)
             for i in sorted(gone, key=lambda i: -np.median(result.rows[i]))[: max(0, len(live) - 2)]:
                 result.dropped[i] = gone[i]

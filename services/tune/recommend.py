@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from services.tune.measure import bootstrap_ci
 from services.tune.report import Candidate
+from services.tune.stats import bootstrap_ci
 
 __all__ = ["OBJECTIVES", "apply_constraints", "paired_difference", "recommend"]
 

@@ -17,6 +17,7 @@ from services.spec import load_spec
 from services.storage.base import ArtifactStore
 from services.tune.budget import Deadline
 from services.tune.build import build_artifacts
+from services.tune.manifest import record_tune, tune_section
 from services.tune.measure import measure_candidates
 from services.tune.profile import PROFILED_TARGETS, profile_candidate
 from services.tune.recommend import OBJECTIVES, recommend
@@ -191,8 +192,12 @@ def tune_model(
     published = None
     if rec is not None and repository is not None:
         published = _publish(req, rec, store, repository)
+        if published and "error" not in published:
+            where = record_tune(repository, published, tune_section(rec, profiles, measurement))
+            published["manifest_tune"] = where
         notes.append(
-            "published the recommended artifact; its engine settings are in this report, not yet in the serving config"
+            "published the recommended artifact with the tune in its manifest; its engine settings are not yet in "
+            "the serving config"
         )
     return TuneReport(
         model=str(req.model),
