@@ -182,6 +182,26 @@ def test_throughput_objective_picks_the_highest_throughput(cnn_onnx: Path, cache
     assert body["cache"]["conversions_run"] == 0 and body["cache"]["conversions_reused"] >= 2
 
 
+def test_size_objective_picks_the_smallest_artifact(cnn_onnx: Path, cache_dir: Path) -> None:
+    req = TuneRequest(
+        model=cnn_onnx,
+        objective="size",
+        targets=["onnxruntime", "openvino"],
+        precisions=["fp32", "int8"],
+        rounds=5,
+        warmup=1,
+        profile=False,
+    )
+    body = tune_model(req, store=LocalArtifactStore(cache_dir / "store")).to_dict()
+    eligible = [c for c in body["candidates"] if c["meets_constraints"]]
+    rec = body["recommendation"]
+    assert rec["artifact_bytes"] == min(c["artifact_bytes"] for c in eligible)
+    # Sizes are exact: the margin is noise only when the two artifacts are the same size.
+    assert rec["margin_within_noise"] == (rec["runner_up"]["artifact_bytes"] == rec["artifact_bytes"])
+    assert rec["margin"] == pytest.approx(rec["runner_up"]["artifact_bytes"] / rec["artifact_bytes"] - 1, abs=1e-3)
+    assert body["measurement"]["racing"] is False  # size needs no race: every candidate is timed fully
+
+
 def test_cli_json_shape_table_and_publish(cnn_onnx: Path, cache_dir: Path, tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     common = ["--precisions", "fp32", "--rounds", "8", "--warmup", "1", "--cache-dir", str(cache_dir)]
@@ -220,6 +240,8 @@ def test_cli_refuses_and_fails_with_exit_statuses(cnn_onnx: Path, cache_dir: Pat
     assert bad.returncode == 2 and "INVALID_SPEC" in bad.stderr and "Traceback" not in bad.stderr
     bad = run_kiln("tune", str(cnn_onnx), "--batch", "0", "--cache-dir", str(cache_dir))
     assert bad.returncode == 2 and "INVALID_SPEC" in bad.stderr
+    bad = run_kiln("tune", str(cnn_onnx), "--budget", "soon", "--cache-dir", str(cache_dir))
+    assert bad.returncode == 2 and "INVALID_SPEC" in bad.stderr and "10m" in bad.stderr
     common = ["--targets", "onnxruntime", "--precisions", "fp32", "--rounds", "5", "--warmup", "0"]
     # No artifact answers in a nanosecond: nothing qualifies, and the exit status says so.
     slo = run_kiln("tune", str(cnn_onnx), *common, "--max-p99-ms", "0.000001", "--cache-dir", str(cache_dir))
