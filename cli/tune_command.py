@@ -87,6 +87,12 @@ def _print_report(body: dict[str, Any], show_profile: bool) -> None:
             note[:80],
         )
     out.print(table)
+    seen = set()
+    for c in body["candidates"]:
+        for w in c["warnings"]:
+            if (c["target"], c["precision"], w) not in seen:
+                seen.add((c["target"], c["precision"], w))
+                out.print(f"[yellow]warning[/] {c['target']} {c['precision']}: {w}", soft_wrap=True)
     cache = body["cache"]
     m = body["measurement"]
     out.print(

@@ -200,6 +200,10 @@ def test_size_objective_picks_the_smallest_artifact(cnn_onnx: Path, cache_dir: P
     assert rec["margin_within_noise"] == (rec["runner_up"]["artifact_bytes"] == rec["artifact_bytes"])
     assert rec["margin"] == pytest.approx(rec["runner_up"]["artifact_bytes"] / rec["artifact_bytes"] - 1, abs=1e-3)
     assert body["measurement"]["racing"] is False  # size needs no race: every candidate is timed fully
+    # No calibration data was given: the int8 builds say they were calibrated on generated samples.
+    int8 = [c for c in eligible if c["precision"] == "int8"]
+    assert int8 and all(any("calibrated on generated samples" in w for w in c["warnings"]) for c in int8)
+    assert all(not c["warnings"] for c in eligible if c["precision"] == "fp32")
 
 
 def test_cli_json_shape_table_and_publish(cnn_onnx: Path, cache_dir: Path, tmp_path: Path) -> None:

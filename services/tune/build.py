@@ -151,6 +151,7 @@ def build_artifacts(
                             artifact_format=registry_format(target),
                             artifact_bytes=_payload_bytes(tr.artifact),
                             parity=summary,
+                            warnings=list(tr.warnings),
                         )
                     )
                     continue

@@ -20,6 +20,8 @@ class Built:
     artifact_bytes: int | None = None
     parity: dict[str, Any] | None = None  # passed, worst SNR (dB), failures
     error: dict[str, Any] | None = None  # code and message when not built
+    #: What the export warned about (int8 calibrated on generated samples, a fixed-shape fallback).
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -36,6 +38,7 @@ class Candidate:
     artifact_bytes: int | None = None
     parity: dict[str, Any] | None = None
     reason: str | None = None  # why it was not timed
+    warnings: list[str] = field(default_factory=list)  # the build's warnings
     p50_ms: float | None = None
     p99_ms: float | None = None
     p25_ms: float | None = None

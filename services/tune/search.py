@@ -100,6 +100,7 @@ def expand_candidates(built: list[Built], batches: list[int], objective: str, cp
                         artifact=b.artifact,
                         artifact_bytes=b.artifact_bytes,
                         parity=b.parity,
+                        warnings=list(b.warnings),
                     )
                 )
     return out
