@@ -64,7 +64,7 @@ def _load_error(path: Path, exc: Exception) -> KilnError:
 
 
 class OnnxRuntimeRunner(ModelRunner):
-    """An onnxruntime InferenceSession; graph optimisations stay at ORT's default level.
+    """An onnxruntime InferenceSession, at ORT's default graph optimisation level unless told otherwise.
 
     Options: ``threads`` (intra-op), ``optimization`` ("disable", "basic", "extended"; else ORT's
     default, all), ``profile_prefix`` (ORT's profiler on, its JSON written at that path prefix;

@@ -21,9 +21,6 @@ __all__ = ["TUNABLE_TARGETS", "default_targets", "precisions_for", "runner_optio
 #: Targets with a settings grid, in the order they are tried; the default search covers the installed ones.
 TUNABLE_TARGETS = ("onnxruntime", "openvino", "tflite")
 
-#: Targets that need a GPU (never a default here).
-_GPU_TARGETS = {"tensorrt"}
-
 
 def _engine_installed(family: str) -> bool:
     return any(e.is_installed() for name, e in ENGINES.items() if name == family or name.startswith(family + "-"))
@@ -52,7 +49,10 @@ def thread_counts(cpus: int | None = None) -> list[int]:
 
 
 def settings_grid(target: str, objective: str, cpus: int | None = None) -> list[dict[str, Any]]:
-    """Return the speed settings to time ``target``'s artifact under; the first is the engine's default-like one."""
+    """Return the speed settings to time ``target``'s artifact under; the first is the engine's default-like one.
+
+    The grid is the same for every ``objective`` today (batch sizes are the throughput dimension).
+    """
     threads = thread_counts(cpus)
     most = threads[-1]
     if target == "onnxruntime":
@@ -81,7 +81,3 @@ def runner_options(target: str, settings: dict[str, Any]) -> dict[str, Any]:
     if target == "tflite":
         return {"threads": settings.get("threads"), "xnnpack": settings.get("xnnpack", True)}
     return dict(settings)
-
-
-def is_gpu_target(target: str) -> bool:
-    return target in _GPU_TARGETS
