@@ -19,7 +19,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from cli import remote, secrets_commands, service_commands
+from cli import remote, secrets_commands, service_commands, tune_command
 from cli.common import console, handle_errors, out
 from cli.spec_flags import spec_from_flags
 from cli.summary import compile_json, event_printer, print_failures, print_summary
@@ -379,7 +379,7 @@ def schema_cmd() -> None:
     out.print_json(json.dumps(spec_json_schema()))
 
 
-for _command in (*service_commands.COMMANDS, *secrets_commands.COMMANDS, remote.jobs_group):
+for _command in (*service_commands.COMMANDS, *secrets_commands.COMMANDS, *tune_command.COMMANDS, remote.jobs_group):
     main.add_command(_command)
 
 

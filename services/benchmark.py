@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -12,7 +13,7 @@ from services.runners.base import ModelRunner
 from services.spec import BenchmarkSpec, CompileSpec
 from services.validation.inputs import random_input, refuse_allocation, resolve_shape
 
-__all__ = ["BenchmarkResult", "benchmark_runner", "compare_with_fp32"]
+__all__ = ["BenchmarkResult", "benchmark_runner", "compare_with_fp32", "feeds_for_batch", "time_interleaved"]
 
 
 @dataclass
@@ -34,7 +35,8 @@ class BenchmarkResult:
         return asdict(self)
 
 
-def _feeds_for_batch(runner: ModelRunner, spec: CompileSpec, batch: int) -> dict[str, np.ndarray] | None:
+def feeds_for_batch(runner: ModelRunner, spec: CompileSpec, batch: int) -> dict[str, np.ndarray] | None:
+    """Return seeded random feeds for ``runner`` at ``batch`` (None when its batch axis is fixed to another size)."""
     shapes = {}
     for t in runner.inputs:
         shape = resolve_shape(t, spec)
@@ -65,7 +67,7 @@ def benchmark_runner(
     if fixed is not None and fixed not in sizes:
         sizes = [fixed]
     for batch in sizes:
-        feeds = _feeds_for_batch(runner, spec, batch)
+        feeds = feeds_for_batch(runner, spec, batch)
         if feeds is None:
             continue
         if not chosen and batch > 1:
@@ -99,6 +101,42 @@ def benchmark_runner(
     return results
 
 
+def time_interleaved(
+    entries: Sequence[tuple[ModelRunner, dict[str, np.ndarray]]],
+    warmup: int,
+    rounds: int,
+    *,
+    shuffle_seed: int | None = None,
+    keep_going: Callable[[], bool] | None = None,
+) -> np.ndarray:
+    """Return seconds per run, one row per (runner, feeds) entry and one column per round.
+
+    Each round runs every entry once, so drift in the machine's load hits all of them alike.
+    With ``shuffle_seed`` the order within each round is shuffled (seeded), so no entry always
+    runs right after the same neighbour (whose threads may still be winding down). With
+    ``keep_going``, rounds stop early when it returns False; the columns not run are dropped.
+    """
+    for _ in range(warmup):
+        for runner, feeds in entries:
+            runner.run(feeds)
+    rng = np.random.default_rng(shuffle_seed) if shuffle_seed is not None else None
+    times = np.empty((len(entries), rounds))
+    order = np.arange(len(entries))
+    done = 0
+    for i in range(rounds):
+        if keep_going is not None and i > 0 and not keep_going():
+            break
+        if rng is not None:
+            rng.shuffle(order)
+        for j in order.tolist():
+            runner, feeds = entries[j]
+            t0 = time.perf_counter()
+            runner.run(feeds)
+            times[j, i] = time.perf_counter() - t0
+        done = i + 1
+    return times[:, :done]
+
+
 #: Speed-ups within this band of 1.0 are timing noise on a shared machine, not a difference.
 SAME_BAND = 0.05
 
@@ -114,19 +152,11 @@ def compare_with_fp32(
     settings = spec.bench
     rows = []
     for batch in batch_sizes:
-        feeds = _feeds_for_batch(runner, spec, batch)
+        feeds = feeds_for_batch(runner, spec, batch)
         if feeds is None:
             continue
         base_feeds = dict(zip([t.name for t in fp32.inputs], feeds.values(), strict=False))
-        for _ in range(settings.warmup):
-            runner.run(feeds)
-            fp32.run(base_feeds)
-        times = np.empty((2, settings.iterations))
-        for i in range(settings.iterations):
-            for j, (r, f) in enumerate(((runner, feeds), (fp32, base_feeds))):
-                t0 = time.perf_counter()
-                r.run(f)
-                times[j, i] = time.perf_counter() - t0
+        times = time_interleaved([(runner, feeds), (fp32, base_feeds)], settings.warmup, settings.iterations)
         p50, base_p50 = (float(np.percentile(t * 1e3, 50)) for t in times)
         rows.append({"batch_size": batch, "p50_ms": p50, "fp32_p50_ms": base_p50, "speedup": base_p50 / p50})
     speedups = [r["speedup"] for r in rows]

@@ -86,7 +86,9 @@ class OpenVINORunner(ModelRunner):
 
     Options: ``inference_precision`` ("f32" by default, see the module docstring),
     ``shapes`` ({input name: concrete shape}) to reshape dynamic inputs to static ones
-    before compiling (static graphs let the CPU plugin pick kernels once), ``threads``.
+    before compiling (static graphs let the CPU plugin pick kernels once), ``threads``,
+    ``performance_hint`` ("LATENCY" or "THROUGHPUT"), ``streams``, ``perf_count`` (per-node
+    counters on: :meth:`profiling_info`).
     Without ``shapes`` dynamic axes stay dynamic: the CPU plugin runs them as they come.
     """
 
@@ -98,6 +100,9 @@ class OpenVINORunner(ModelRunner):
         shapes: Mapping[str, Sequence[int]] | None = None,
         threads: int | None = None,
         device: str = "CPU",
+        performance_hint: str | None = None,
+        streams: int | None = None,
+        perf_count: bool = False,
         **_: Any,
     ) -> None:
         import openvino as ov
@@ -123,6 +128,12 @@ class OpenVINORunner(ModelRunner):
             config["INFERENCE_PRECISION_HINT"] = inference_precision
         if threads:
             config["INFERENCE_NUM_THREADS"] = threads
+        if performance_hint:
+            config["PERFORMANCE_HINT"] = performance_hint
+        if streams:
+            config["NUM_STREAMS"] = streams
+        if perf_count:
+            config["PERF_COUNT"] = True
         try:
             self.compiled = self.core.compile_model(model, device, config)
         except Exception as exc:
@@ -159,6 +170,10 @@ class OpenVINORunner(ModelRunner):
         # which the next run would overwrite.
         result = self._request.infer(request_inputs)
         return {t.name: np.asarray(result[port]) for t, port in zip(self.outputs, self.compiled.outputs, strict=True)}
+
+    def profiling_info(self) -> list[Any]:
+        """Return the last inference's per-node counters (``perf_count`` must have been on)."""
+        return list(self._request.profiling_info)
 
     def close(self) -> None:
         # Dropping the references releases the compiled model's memory and threads.

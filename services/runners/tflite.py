@@ -81,11 +81,23 @@ def _pick_signature(signatures: dict[str, Any], wanted: str | None) -> str:
 class TFLiteRunner(ModelRunner):
     """A LiteRT interpreter over one signature (or the bare graph when the model has none)."""
 
-    def __init__(self, path: Path, *, signature: str | None = None, threads: int | None = None, **_: Any) -> None:
-        from ai_edge_litert.interpreter import Interpreter
+    def __init__(
+        self,
+        path: Path,
+        *,
+        signature: str | None = None,
+        threads: int | None = None,
+        xnnpack: bool = True,
+        **_: Any,
+    ) -> None:
+        from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
+        # xnnpack=False: LiteRT's own builtin kernels, without its default XNNPACK delegate.
+        resolver = OpResolverType.AUTO if xnnpack else OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
         try:
-            self.interpreter = Interpreter(model_path=str(path), num_threads=threads)
+            self.interpreter = Interpreter(
+                model_path=str(path), num_threads=threads, experimental_op_resolver_type=resolver
+            )
         except (ValueError, RuntimeError) as exc:
             raise SourceUnreadable(f"LiteRT cannot load {Path(path).name}: {exc}") from exc
         signatures = self.interpreter.get_signature_list()

@@ -1,0 +1,154 @@
+"""Benchmark `kiln tune`; prints markdown tables (see docs/benchmarks.md, "kiln tune").
+
+For each model: a cold-cache search (latency objective, batch 1, onnxruntime × openvino ×
+tflite, fp32/fp16/int8, each engine's settings grid), its wall time and cache reuse; then a
+*separate* side-by-side re-timing of every passing candidate plus the default fp32
+onnxruntime artifact (ORT's own defaults: no thread or optimisation setting), with more rounds,
+to check that the recommendation is the fastest or within the measured noise of it, and the
+ratio of its p50 to the default artifact's (median of the per-round ratios).
+
+    .venv/bin/python benchmarks/bench_tune.py [--rounds 60] [--recheck-rounds 200] [--only cnn]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from copy import deepcopy
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+def build_models(tmp: Path) -> list[tuple[str, Path]]:
+    """Return (label, onnx path) for each model searched."""
+    import torch
+    from bench_openvino import medium_cnn_module
+    from models import export_onnx, tiny_transformer_module
+
+    return [
+        ("cnn", export_onnx(medium_cnn_module(), torch.randn(1, 3, 64, 64), tmp / "cnn_m.onnx")),
+        (
+            "transformer",
+            export_onnx(tiny_transformer_module(128, 4), torch.randn(1, 64, 128), tmp / "tr_m.onnx"),
+        ),
+    ]
+
+
+def recheck(report: Any, rounds: int) -> dict[str, Any]:
+    """Re-time every passing candidate and the default fp32 onnxruntime artifact side by side, in a new run."""
+    from services.spec import load_spec
+    from services.tune.budget import Deadline
+    from services.tune.measure import measure_candidates
+    from services.tune.recommend import paired_difference
+    from services.tune.report import Candidate
+
+    rec_id = report.recommendation["id"]
+    again = []
+    for c in report.candidates:
+        if c.passed:
+            fresh = deepcopy(c)
+            fresh.times, fresh.status, fresh.passed = [], "timed", False
+            again.append(fresh)
+    ort32 = next(b for b in report.built if b.target == "onnxruntime" and b.precision == "fp32")
+    default = Candidate("onnxruntime", "fp32", {}, 1, passed=False, status="timed", artifact=ort32.artifact)
+    again.append(default)
+    formats = {b.target: b.artifact_format for b in report.built if b.artifact_format}
+    spec = load_spec({"targets": ["onnxruntime"]})
+    measure_candidates(again, formats, spec, rounds=rounds, warmup=10, deadline=Deadline(None))
+    by_id = {c.key: c for c in again}
+    rec = next(c for c in again if c.key == rec_id)
+    timed = [c for c in again if c.passed and c is not default]
+    fastest = min(timed, key=lambda c: c.p50_ms or 0.0)
+    diff = paired_difference(rec, fastest) if fastest is not rec else None
+    ratios = np.asarray(rec.times) / np.asarray(default.times)
+    return {
+        "rec": rec,
+        "fastest": fastest,
+        "rec_is_fastest": fastest is rec,
+        "within_noise": fastest is rec or (diff is not None and diff["ci_ms"][1] >= 0 >= diff["ci_ms"][0]),
+        "diff": diff,
+        "default": default,
+        "ratio_vs_default": float(np.median(ratios)),
+        "rank": sorted(timed, key=lambda c: c.p50_ms or 0.0).index(rec) + 1,
+        "timed": len(timed),
+        "by_id": by_id,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--recheck-rounds", type=int, default=200)
+    parser.add_argument("--only", help="only the model whose label contains this")
+    parser.add_argument("--targets", default="onnxruntime,openvino,tflite")
+    args = parser.parse_args()
+
+    from services.storage import LocalArtifactStore
+    from services.tune import TuneRequest, tune_model
+
+    print(f"cpus: {os.cpu_count()}; rounds: {args.rounds}; recheck rounds: {args.recheck_rounds}")
+    with tempfile.TemporaryDirectory(prefix="bench-tune-") as tmp:
+        for label, path in build_models(Path(tmp)):
+            if args.only and args.only not in label:
+                continue
+            store = LocalArtifactStore(Path(tmp) / f"store-{label}")  # cold cache per model
+            req = TuneRequest(model=path, targets=args.targets.split(","), rounds=args.rounds, profile=True)
+            t0 = time.monotonic()
+            report = tune_model(req, store=store)
+            wall = time.monotonic() - t0
+            body = report.to_dict()
+            rec = body["recommendation"]
+            print(f"\n### {label}: search\n")
+            print("| candidate | status | p50 ms | IQR ms | p99 ms | note |\n|---|---|---:|---:|---:|---|")
+            for c in body["candidates"]:
+                note = "**recommended**" if rec and c["id"] == rec["id"] else (c["reason"] or "")[:60]
+                p50, iqr, p99 = (f"{c[k]:.3f}" if c[k] is not None else "-" for k in ("p50_ms", "iqr_ms", "p99_ms"))
+                print(f"| {c['id']} | {c['status']} | {p50} | {iqr} | {p99} | {note} |")
+            cache = body["cache"]
+            timed = sum(c["passed"] for c in body["candidates"])
+            print(
+                f"\nsearch wall time {wall:.1f} s (build + {body['measurement']['rounds']} rounds + profiles); "
+                f"{timed} candidates timed, {body['measurement'].get('left_the_race', 0)} left the race early; cache: {cache['steps_cached']} of {cache['steps']} steps reused "
+                f"({cache['conversions_reused']} conversions reused, {cache['conversions_run']} run)"
+            )
+            if rec is None:
+                print("no recommendation")
+                continue
+            print(f"recommendation: {rec['id']}; {rec['verdict']}")
+            for role, prof in body["profiles"].items():
+                if prof.get("available"):
+                    top = ", ".join(f"{o['op_type']} {o['share']:.0%}" for o in prof["top_ops"][:4])
+                    where = prof.get("time_by_exec_precision")
+                    print(f"profile ({role}, {prof['candidate']}): {top}" + (f"; executed in {where}" if where else ""))
+            r = recheck(report, args.recheck_rounds)
+            print(
+                f"\n### {label}: separate re-timing ({args.recheck_rounds} rounds, {r['timed']} candidates + default)\n"
+            )
+            print(
+                f"- recommendation {rec['id']}: p50 {r['rec'].p50_ms:.3f} ms (rank {r['rank']} of {r['timed']})\n"
+                f"- fastest in the re-timing: {r['fastest'].key}, p50 {r['fastest'].p50_ms:.3f} ms; "
+                f"recommendation within its noise: {r['within_noise']}"
+                + (
+                    f" (paired median diff {r['diff']['median_ms']:+.4f} ms, CI {r['diff']['ci_ms']})"
+                    if r["diff"]
+                    else ""
+                )
+                + f"\n- default fp32 onnxruntime artifact: p50 {r['default'].p50_ms:.3f} ms; "
+                f"ratio recommendation/default = {r['ratio_vs_default']:.3f} (median of per-round ratios)"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,226 @@
+"""`kiln tune MODEL`: search engines × precisions × settings for the artifact that best meets the goals.
+
+The search lives in services/tune; this module parses the flags, prints progress on stderr,
+and the candidates table, the recommendation and (``--profile``) the per-layer profiles.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.table import Table
+
+from cli.common import EXIT_FAILED, console, handle_errors, out
+from cli.spec_flags import parse_input_flag
+
+__all__ = ["COMMANDS", "tune_cmd"]
+
+
+def _csv(text: str | None) -> list[str]:
+    return [p.strip() for p in (text or "").split(",") if p.strip()]
+
+
+def _batches(text: str) -> list[int]:
+    from services.errors import InvalidSpec
+
+    try:
+        values = [int(p) for p in _csv(text)]
+    except ValueError:
+        raise InvalidSpec(f"--batch {text!r} is not a list of sizes", hint="e.g. --batch 1 or --batch 1,8,32") from None
+    if not values or min(values) < 1:
+        raise InvalidSpec(f"--batch {text!r} needs sizes of 1 or more", hint="e.g. --batch 1,8")
+    return values
+
+
+def _progress(e: dict[str, Any]) -> None:
+    kind = e.get("type")
+    if kind == "tune_build":
+        console.print(f"[bold]building[/] {e['precision']}: {', '.join(e['targets'])}")
+    elif kind == "step_finished":
+        console.print(f"  [dim]✔ {e['step']}{' (cached)' if e.get('cached') else ''}[/]")
+    elif kind == "step_failed":
+        console.print(f"  [red]✘ {e['step']}[/]: {e['error'].get('code')}")
+    elif kind == "tune_measure":
+        console.print(f"[bold]timing[/] {e['candidates']} candidates side by side")
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def _settings(s: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in s.items()) or "-"
+
+
+def _print_report(body: dict[str, Any], show_profile: bool) -> None:
+    rec = body["recommendation"]
+    table = Table(title=f"candidates ({body['objective']}, batch {','.join(map(str, body['batches']))})")
+    for col in (
+        "target",
+        "precision",
+        "settings",
+        "batch",
+        "status",
+        "p50 ms",
+        "IQR ms",
+        "p99 ms",
+        "samples/s",
+        "note",
+    ):
+        table.add_column(col, overflow="fold")
+    for c in body["candidates"]:
+        chosen = rec is not None and c["id"] == rec["id"]
+        note = "★ recommended" if chosen else (c["reason"] or "; ".join(c["violations"]) or "")
+        table.add_row(
+            c["target"],
+            c["precision"],
+            _settings(c["settings"]),
+            str(c["batch"]),
+            c["status"],
+            _ms(c["p50_ms"]),
+            _ms(c["iqr_ms"]),
+            _ms(c["p99_ms"]),
+            "-" if c["throughput"] is None else f"{c['throughput']:.0f}",
+            note[:80],
+        )
+    out.print(table)
+    seen = set()
+    for c in body["candidates"]:
+        for w in c["warnings"]:
+            if (c["target"], c["precision"], w) not in seen:
+                seen.add((c["target"], c["precision"], w))
+                out.print(f"[yellow]warning[/] {c['target']} {c['precision']}: {w}", soft_wrap=True)
+    cache = body["cache"]
+    m = body["measurement"]
+    out.print(
+        f"[bold]search[/]: {body['wall_s']:.1f}s; cache: {cache['steps_cached']} of {cache['steps']} steps reused "
+        f"({cache['conversions_reused']} conversions); timing: {m.get('rounds', 0)} interleaved rounds"
+        + ("" if m.get("alone") in (True, None) else " [yellow](host busy: not alone)[/]")
+    )
+    if body["stopped_early"]:
+        out.print(f"[yellow]stopped early[/]: {body['stopped_early']}")
+    if rec is None:
+        return
+    out.print(
+        f"[bold green]recommendation[/]: {rec['target']} {rec['precision']} {_settings(rec['settings'])} "
+        f"(batch {rec['batch']}): p50 {_ms(rec['p50_ms'])} ms [95% CI {_ms(rec['p50_ci_ms'][0])}–"
+        f"{_ms(rec['p50_ci_ms'][1])}], p99 {_ms(rec['p99_ms'])} ms"
+    )
+    out.print(f"  {rec['verdict']}", soft_wrap=True)
+    if body.get("published"):
+        pub = body["published"]
+        out.print(f"[bold]published[/]: {pub.get('name', '')} version {pub.get('version', '')} {pub.get('uri', '')}")
+    if show_profile:
+        for role, prof in body["profiles"].items():
+            if not prof.get("available"):
+                out.print(f"[dim]profile of {role} ({prof['candidate']}): {prof.get('reason')}[/]")
+                continue
+            t = Table(title=f"profile: {role} — {prof['candidate']} ({prof['total_ms_per_run']:.3f} ms/run in ops)")
+            for col in ("op type", "ms/run", "share", "nodes"):
+                t.add_column(col)
+            for op in prof["top_ops"]:
+                t.add_row(op["op_type"], f"{op['ms_per_run']:.4f}", f"{op['share']:.1%}", str(op["nodes"]))
+            out.print(t)
+            if "time_by_exec_precision" in prof:
+                shares = ", ".join(f"{k} {v:.0%}" for k, v in prof["time_by_exec_precision"].items())
+                out.print(f"  executed in: {shares}")
+
+
+@click.command("tune")
+@click.argument("model", type=click.Path(exists=True, path_type=Path))
+@click.option("--objective", type=click.Choice(["latency", "throughput", "size"]), default="latency", show_default=True)
+@click.option("--batch", "batch", default="1", show_default=True, help="Batch size, or a list: 1,8,32.")
+@click.option("--max-p99-ms", type=float, help="Only candidates whose p99 latency is at most this qualify.")
+@click.option("--targets", help="Comma-separated targets (default: the CPU targets installed here).")
+@click.option("--precisions", default="fp32,fp16,int8", show_default=True, help="Comma-separated precisions.")
+@click.option("--repo", help="Publish the recommendation to this model repository (as `kiln compile --repo`).")
+@click.option("--name", help="Published model name (default: the file's name).")
+@click.option("--budget", help="Time budget for the search, e.g. 90s, 10m; the search stops early and says so.")
+@click.option("--rounds", type=click.IntRange(min=1, max=100_000), default=50, show_default=True)
+@click.option("--warmup", type=click.IntRange(min=0, max=10_000), default=5, show_default=True)
+@click.option("--profile", "show_profile", is_flag=True, help="Print the per-layer profiles (always in --json).")
+@click.option("--spec", "spec_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="CompileSpec JSON (inputs, tolerances...).")  # fmt: skip
+@click.option("--input", "inputs", multiple=True, metavar="NAME:SHAPE", help="An input's shape (repeatable).")
+@click.option("--calibration", type=click.Path(exists=True, dir_okay=False, path_type=Path), help=".npz for int8.")
+@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), help="Artifact cache (default ~/.cache/kiln).")  # fmt: skip
+@click.option("--no-cache", is_flag=True, help="Run every step even when its output is cached.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+@handle_errors
+def tune_cmd(
+    model: Path,
+    objective: str,
+    batch: str,
+    max_p99_ms: float | None,
+    targets: str | None,
+    precisions: str,
+    repo: str | None,
+    name: str | None,
+    budget: str | None,
+    rounds: int,
+    warmup: int,
+    show_profile: bool,
+    spec_file: Path | None,
+    inputs: tuple[str, ...],
+    calibration: Path | None,
+    cache_dir: Path | None,
+    no_cache: bool,
+    as_json: bool,
+) -> None:
+    """Find the target, precision and engine settings that best meet the goals for MODEL, measured side by side."""
+    from services.errors import InvalidSpec
+    from services.settings import get_settings
+    from services.storage import LocalArtifactStore
+    from services.storage.factory import repository_from_url
+    from services.tune import TuneRequest, parse_budget, tune_model
+
+    spec_data: dict[str, Any] = {}
+    if spec_file:
+        try:
+            spec_data = json.loads(spec_file.read_text())
+        except json.JSONDecodeError as exc:
+            raise InvalidSpec(f"{spec_file} is not JSON: {exc}") from None
+        if not isinstance(spec_data, dict):
+            raise InvalidSpec(f"{spec_file} holds no JSON object")
+        for key in ("targets", "precision", "benchmark", "name"):
+            spec_data.pop(key, None)  # the search sets these itself
+    for flag in inputs:
+        input_name, fields = parse_input_flag(flag)
+        spec_data.setdefault("inputs", {})[input_name] = fields
+    if calibration:
+        spec_data["calibration"] = str(calibration)
+    req = TuneRequest(
+        model=model,
+        objective=objective,
+        batches=_batches(batch),
+        max_p99_ms=max_p99_ms,
+        targets=_csv(targets) or None,
+        precisions=_csv(precisions),
+        budget_s=parse_budget(budget) if budget else None,
+        spec_data=spec_data,
+        rounds=rounds,
+        warmup=warmup,
+        name=name,
+        use_cache=not no_cache,
+    )
+    settings = get_settings()
+    store = LocalArtifactStore((cache_dir or settings.cache_dir) / "store")
+    repository = None
+    if repo:
+        repository = repository_from_url(repo, settings)
+        repository.model_names()  # reach it now: a wrong location fails before the search
+    report = tune_model(req, store=store, repository=repository, on_event=_progress)
+    body = report.to_dict()
+    if as_json:
+        out.print_json(json.dumps(body, default=str))
+    else:
+        _print_report(body, show_profile)
+    if report.recommendation is None:
+        console.print(f"[bold red]error NO_CANDIDATE[/]: {'; '.join(report.notes) or 'nothing qualified'}")
+        console.print("[yellow]hint[/]: loosen --max-p99-ms, add targets or precisions, or give a larger --budget.")
+        raise SystemExit(EXIT_FAILED)
+
+
+COMMANDS = (tune_cmd,)
