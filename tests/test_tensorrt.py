@@ -25,8 +25,9 @@ from google.protobuf import text_format
 from onnx import TensorProto, helper, numpy_helper
 
 from services.artifacts import Artifact
+from services.descriptors.tensorrt import variant_major
 from services.errors import HTTP_STATUS, ConversionFailed, EngineUnavailable, InvalidSpec, KilnError, UnsupportedOps
-from services.exporters.tensorrt import serving_for, variant_major
+from services.exporters.tensorrt import serving_for
 from services.formats import Format
 from services.graph import plan_routes
 from services.repository.publish import publish_version

@@ -22,12 +22,12 @@ from services.descriptors import FormatDescriptor, engine_family, option_section
 from services.errors import ConversionFailed, EngineUnavailable, KilnError, SourceUnreadable, StorageFull
 from services.formats import DetectedSource, Format
 from services.graph.planner import PlanStep
-from services.graph.registry import load_entry
+from services.graph.registry import current_entry, load_entry
 from services.outages import storage_full
-from services.pipeline.context import StepContext
-from services.pipeline.host_gate import host_share
 from services.pipeline.memory import StepMemory
 from services.spec import CompileSpec
+from services.steps.context import StepContext
+from services.steps.host_gate import host_share
 from services.storage.base import ArtifactStore
 from services.versions import tool_versions
 
@@ -93,7 +93,7 @@ def step_cache_key(
 ) -> str:
     """Return the content address of a step's output: inputs, step, options, spec and tool versions."""
     body = {
-        "entry": step.entry,
+        "entry": current_entry(step.entry),  # a plan from before a step function moved shares the cache
         "kind": step.kind,
         "options": step.options,
         "inputs": dict(sorted(input_keys.items())),
