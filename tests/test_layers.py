@@ -209,6 +209,18 @@ def test_imports_between_packages_run_one_way() -> None:
     assert violations(edges) == []
 
 
+def test_no_cli_module_imports_cli_main() -> None:
+    # cli.main registers every command module; the helpers they share live in cli/common.py.
+    importers = []
+    for path in sorted((ROOT / "cli").rglob("*.py")):
+        module = module_name(path)
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        if module != "cli.main" and "cli.main" in set(imported_modules(tree, module, path.name == "__init__.py")):
+            importers.append(module)
+    assert importers == []
+    assert "cli.main" in set(imported_modules(ast.parse("def f():\n    from cli import main\n"), "cli.x", False))
+
+
 def test_checker_catches_a_back_edge() -> None:
     edges = set(import_edges())
     assert ("services.exporters", "services.steps") in edges
