@@ -22,7 +22,7 @@ from services.descriptors import FormatDescriptor, engine_family, option_section
 from services.errors import ConversionFailed, EngineUnavailable, KilnError, SourceUnreadable, StorageFull
 from services.formats import DetectedSource, Format
 from services.graph.planner import PlanStep
-from services.graph.registry import current_entry, load_entry
+from services.graph.registry import entry_path, load_entry
 from services.outages import storage_full
 from services.pipeline.memory import StepMemory
 from services.spec import CompileSpec
@@ -93,7 +93,8 @@ def step_cache_key(
 ) -> str:
     """Return the content address of a step's output: inputs, step, options, spec and tool versions."""
     body = {
-        "entry": current_entry(step.entry),  # a plan from before a step function moved shares the cache
+        # The function's path, not the step's name: a plan from before step names shares the cache.
+        "entry": entry_path(step.entry),
         "kind": step.kind,
         "options": step.options,
         "inputs": dict(sorted(input_keys.items())),
