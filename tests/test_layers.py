@@ -2,8 +2,9 @@
 
 An AST walk over every module under api/, cli/, services/ and workers/ collects each import,
 function-level ones included, and maps both ends to a package: `api`, `cli`, `workers`, or
-`services.X` (a sub-package or a top-level module of services). The checks: no two packages
-import each other, and no package imports one in a higher layer.
+`services.X` (a sub-package or a top-level module of services). The checks: every package has
+a layer, no package imports one in a higher layer, no two packages import each other, and no
+longer loop runs through packages of one layer.
 
 `python tests/test_layers.py` prints the edges, counts and any violations.
 """
@@ -118,7 +119,7 @@ def import_edges(root: Path = ROOT) -> dict[tuple[str, str], set[str]]:
                 if target == "services":
                     continue  # `from services import x` counted through `services.x`
                 if imported.count(".") == 1 and imported.startswith("services.") and not _exists(root, imported):
-                    continue  # `from services.errors import KilnError` yields `services.errors.KilnError` too
+                    continue  # `from services import name` of something that is not a module
                 edges.setdefault((source, target), set()).add(module)
     return edges
 
