@@ -10,7 +10,7 @@ latency benchmark (batch 1 and 8):
 - ``beside``: a neighbour process compiles other jobs (the CNN to OpenVINO, cache off, in a
   loop: real conversion, parity and publish steps) and the benchmark does not wait for it
   (``KILN_BENCH_QUIET_WAIT=0``), which is how every benchmark ran before the gate;
-- ``alone``: the same neighbour, and the gate (services/pipeline/host_gate.py): the benchmark
+- ``alone``: the same neighbour, and the gate (services/steps/host_gate.py): the benchmark
   waits for the neighbour's running step and holds its next one back.
 
 Reported per case: median over rounds of p50, p99 and p99/p50 at each batch size, the ratio

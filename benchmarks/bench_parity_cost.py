@@ -35,10 +35,10 @@ import real_models
 
 from services.formats import Format
 from services.pipeline import compile_model
-from services.pipeline.reference import load_reference
 from services.repository.local import LocalModelRepository
 from services.runners import open_runner
 from services.spec import DEFAULT_TOLERANCES, Precision, load_spec
+from services.steps.reference import load_reference
 from services.storage import LocalArtifactStore
 from services.validation import compare_outputs
 from services.validation.localize import localize_divergence

@@ -7,6 +7,7 @@ status through :data:`HTTP_STATUS` in a single handler. No traceback reaches a u
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "UnsupportedFormat",
     "UnsupportedOps",
     "UploadTooLarge",
+    "install_formats_hint",
 ]
 
 
@@ -75,13 +77,23 @@ class InvalidSpec(KilnError):
     default_hint = "Check the spec against the JSON Schema printed by `kiln schema`."
 
 
-def _readable_formats_hint() -> str:
-    """Return the hint naming every source format (from the format descriptors)."""
-    from services.descriptors import registry
+#: Builds UnsupportedFormat's default hint, which names every source format. Errors sit below the
+#: descriptors that declare the formats (and raise these errors), so services.descriptors installs
+#: it when imported: every module that can meet an unsupported format has imported it by then.
+_formats_hint: Callable[[], str] | None = None
 
-    labels = [f.label for f in registry().formats.values() if f.is_source]
-    listed = ", ".join(labels[:-1]) + " and " + labels[-1] if len(labels) > 1 else "".join(labels)
-    return f"Kiln reads {listed}; set `source_format` in the spec if detection guessed wrong."
+
+def install_formats_hint(build: Callable[[], str]) -> None:
+    """Set the function that gives UnsupportedFormat's default hint (services.descriptors calls it)."""
+    global _formats_hint
+    _formats_hint = build
+
+
+def _readable_formats_hint() -> str:
+    """Return the hint naming every source format, or the bare advice before any format is declared."""
+    if _formats_hint is None:
+        return "Set `source_format` in the spec if detection guessed wrong."
+    return _formats_hint()
 
 
 class UnsupportedFormat(KilnError):

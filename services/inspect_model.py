@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from services.formats import Format, open_source
-from services.runners.base import TensorSpec
+from services.tensors import TensorSpec
 
 __all__ = ["ModelSummary", "inspect_model"]
 

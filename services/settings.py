@@ -52,7 +52,7 @@ def _url_password(url: str) -> str | None:
     return m.group(1) if m else None
 
 
-#: Seconds a benchmark waits for its host to be quiet by default (services/pipeline/host_gate.py).
+#: Seconds a benchmark waits for its host to be quiet by default (services/steps/host_gate.py).
 BENCH_QUIET_WAIT = 120.0
 
 
@@ -148,7 +148,7 @@ class Settings(BaseSettings):
     )
     step_soft_time_limit: int = Field(default=3600, ge=1, description="Seconds before a step is asked to stop.")
     step_hard_time_limit: int = Field(default=3900, ge=1, description="Seconds before a step is killed.")
-    # Read by the step code from the environment (steps get no Settings): services/pipeline/host_gate.py.
+    # Read by the step code from the environment (steps get no Settings): services/steps/host_gate.py.
     host_lock_dir: str = Field(
         default="",
         description="Directory of the host's step/benchmark locks; workers sharing it benchmark one at a time with "

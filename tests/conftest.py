@@ -44,7 +44,7 @@ def _session_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None
     """
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("KILN_DATA_DIR", str(tmp_path_factory.mktemp("kiln-data")))
-        # Benchmarks wait for the host to be quiet (services/pipeline/host_gate.py): this run's
+        # Benchmarks wait for the host to be quiet (services/steps/host_gate.py): this run's
         # steps take turns among themselves, not with another test run on the same machine,
         # and a step held at a test's gate delays a benchmark by seconds, not minutes.
         mp.setenv("KILN_HOST_LOCK_DIR", str(tmp_path_factory.mktemp("host-locks")))

@@ -381,7 +381,7 @@ def gated_s3_publish(ctx: Any) -> Any:
     it marks $KILN_TEST_GATE/<job id>/mid-publish and waits for .../release-publish.
     """
     import services.repository.s3 as s3_repo
-    from services.repository.step import run_publish_step
+    from services.pipeline.publish import run_publish_step
 
     gate = Path(os.environ["KILN_TEST_GATE"]) / ctx.job_id
     gate.mkdir(parents=True, exist_ok=True)

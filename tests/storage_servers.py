@@ -49,7 +49,7 @@ class S3Server:
 
     def client(self) -> Any:
         """Return a fresh boto3 client for this server (one per thread is the safe habit)."""
-        from services.storage._s3 import make_client
+        from services.s3 import make_client
 
         return make_client(
             endpoint_url=self.endpoint_url,

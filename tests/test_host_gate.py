@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from services.pipeline.host_gate import host_alone, host_share
+from services.steps.host_gate import host_alone, host_share
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STEP = """
 import sys, time
 from pathlib import Path
-from services.pipeline.host_gate import host_share
+from services.steps.host_gate import host_share
 d = Path(sys.argv[1])
 with host_share():
     (d / "started").touch()
@@ -110,8 +110,7 @@ def test_a_step_benchmarks_inside_its_own_share_and_keeps_it_after(tmp_path: Pat
             [
                 sys.executable,
                 "-c",
-                "from services.pipeline.host_gate import host_alone\n"
-                "with host_alone(max_wait=0.2) as q: print(q.alone)",
+                "from services.steps.host_gate import host_alone\nwith host_alone(max_wait=0.2) as q: print(q.alone)",
             ],
             env={**os.environ, "PYTHONPATH": str(ROOT)},
             capture_output=True,

@@ -183,7 +183,7 @@ def _pixel_rounding_cosine(mobilenet: Path, reference) -> float:
 
 
 def test_int8_every_cpu_engine(mobilenet: Path, calibration: Path, shared_store, repository) -> None:
-    from services.pipeline.reference import load_reference
+    from services.steps.reference import load_reference
 
     spec = _spec("int8", calibration, tolerances=INT8_TOLERANCES)
     result = compile_model(mobilenet, spec, store=shared_store, repository=repository)

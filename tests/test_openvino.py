@@ -343,7 +343,7 @@ def test_onnx_conversion_failure_is_conversion_failed(tmp_path: Path) -> None:
 def _context(tmp_path: Path, model, step_id: str, **spec_extra):
     from services.formats import DetectedSource
     from services.graph.planner import PlanStep
-    from services.pipeline.context import StepContext
+    from services.steps.context import StepContext
 
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)

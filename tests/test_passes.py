@@ -34,8 +34,8 @@ from services.passes.fusion import FuseBatchNorm, FuseConvAffine, FuseMatMulAddT
 from services.passes.slices import MergeSlicesIntoSplit
 from services.passes.step import run_optimize_step, speed_guard
 from services.passes.verify import compare_arrays, ort_session
-from services.pipeline.context import StepContext
 from services.spec import CompileSpec
+from services.steps.context import StepContext
 
 OPSET = 17
 RNG = np.random.default_rng(0)

@@ -9,9 +9,9 @@ from unittest import mock
 from tf_models import keras_cnn
 
 from services.pipeline import compile_model
-from services.pipeline.source_memo import job_memo, memoized
 from services.runners import tensorflow as tf_runner
 from services.spec import load_spec
+from services.steps.source_memo import job_memo, memoized
 
 
 def test_loads_once_inside_a_job_and_again_when_the_file_changes(tmp_path: Path) -> None:

@@ -25,10 +25,12 @@ from google.protobuf import text_format
 from onnx import TensorProto, helper, numpy_helper
 
 from services.artifacts import Artifact
+from services.descriptors.tensorrt import variant_major
 from services.errors import HTTP_STATUS, ConversionFailed, EngineUnavailable, InvalidSpec, KilnError, UnsupportedOps
-from services.exporters.tensorrt import serving_for, variant_major
+from services.exporters.tensorrt import serving_for
 from services.formats import Format
 from services.graph import plan_routes
+from services.graph.registry import entry_path
 from services.repository.publish import publish_version
 from services.runners.base import TensorSpec
 from services.spec import Precision, load_spec
@@ -403,7 +405,8 @@ def test_queue_routing_per_variant(variant: str, major: int) -> None:
         "export:tensorrt": f"kiln.tensorrt-{variant}",
         "publish:tensorrt": f"kiln.tensorrt-{variant}",
     }
-    assert plan.step("export:tensorrt").entry == "services.exporters.tensorrt:export_tensorrt"
+    assert plan.step("export:tensorrt").entry == "export:tensorrt"
+    assert entry_path(plan.step("export:tensorrt").entry) == "services.exporters.tensorrt:export_tensorrt"
     assert plan.step("export:tensorrt").format_out == "tensorrt_plan"
     assert variant_major(variant) == major
     keras = plan_routes(Format.KERAS, _spec(tensorrt_variant=variant))

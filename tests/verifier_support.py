@@ -227,8 +227,8 @@ def sabotaged_export_onnxruntime(ctx: Any) -> Any:
     from services.exporters._common import calibration_feeds, finish_export
     from services.exporters.onnxruntime import MODEL_FILE, SERVING, quantize_int8, to_fp16
     from services.formats import Format
-    from services.pipeline.reference import load_reference
     from services.spec import Precision
+    from services.steps.reference import load_reference
 
     kind = (ctx.spec.name or "").removeprefix("sabotage-")
     precision = Precision(ctx.step.options.get("precision", ctx.spec.precision.value))

@@ -51,10 +51,10 @@ from services.artifacts import Artifact
 from services.descriptors import concrete_engines
 from services.errors import Cancelled, ConversionFailed, KilnError, StorageFull, Timeout
 from services.outages import storage_full
-from services.pipeline.context import StepContext
 from services.sandbox import Protection, Redactor, SandboxView, host_protection, sandbox_view
 from services.sandbox.outputs import claim_output
 from services.settings import Settings
+from services.steps.context import StepContext
 from services.storage.base import ArtifactStore
 
 __all__ = [
@@ -81,7 +81,7 @@ _BASE_PRELOAD = (
     "services.pipeline.executor",
     "services.pipeline.reference",
     "services.exporters._common",
-    "services.repository.step",
+    "services.pipeline.publish",
     "services.settings",
     "services.jobs.backends",
     "services.storage.factory",
@@ -312,8 +312,8 @@ def _send(conn: Any, message: list[Any]) -> None:
 def _call_reporting(ctx: StepContext, conn: Any) -> dict[str, Any]:
     """Run the step's function on ``ctx`` and return the payload to report, whatever happened."""
     from services.pipeline.executor import call_step_function
-    from services.pipeline.host_gate import host_share
     from services.pipeline.memory import StepMemory
+    from services.steps.host_gate import host_share
 
     memory = StepMemory.start()
     ctx.on_progress = lambda m: _send(conn, ["progress", str(m)[:4000]])

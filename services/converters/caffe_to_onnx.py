@@ -30,7 +30,7 @@ from services.artifacts import Artifact
 from services.errors import ConversionFailed, KilnError
 from services.formats import Format
 from services.formats.caffe import CaffeLayer, CaffeNet, load_caffe_net
-from services.pipeline.context import StepContext
+from services.steps.context import StepContext
 
 __all__ = ["DEFAULT_OPSET", "SUPPORTED_LAYERS", "caffe_net_to_onnx", "caffe_to_onnx"]
 

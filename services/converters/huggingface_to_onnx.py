@@ -19,7 +19,7 @@ from services.artifacts import Artifact
 from services.converters.torch_to_onnx import DEFAULT_OPSET, MODEL_FILE, _describe, _failed
 from services.errors import KilnError
 from services.formats import Format
-from services.pipeline.context import StepContext
+from services.steps.context import StepContext
 
 __all__ = ["huggingface_to_onnx"]
 

@@ -24,8 +24,8 @@ from services.artifacts import Artifact
 from services.errors import ConversionFailed, KilnError
 from services.formats import Format
 from services.formats.mindir import vet_mindir
-from services.pipeline.context import StepContext
 from services.runners.mindir import DTYPES, mindir_signature, public_name
+from services.steps.context import StepContext
 
 __all__ = ["SUPPORTED_PRIMITIVES", "mindir_model_to_onnx", "mindir_to_onnx", "mindir_to_onnx_mindspore"]
 

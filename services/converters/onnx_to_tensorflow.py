@@ -67,14 +67,14 @@ from services.errors import ConversionFailed
 from services.formats import Format
 from services.passes._base import KilnPass, PassResult, SequencePass
 from services.passes._rules import RulesPass
-from services.pipeline.context import StepContext
 from services.runners.tensorflow import DEFAULT_SIGNATURE
+from services.steps.context import StepContext
 
 if TYPE_CHECKING:
     import onnx
 
-    from services.runners.base import TensorSpec
     from services.spec import CompileSpec
+    from services.tensors import TensorSpec
 
 __all__ = ["ConstantOperandLast", "FixInputShapes", "FuseErfGelu", "ScopeSafeNodeNames", "onnx_to_savedmodel"]
 

@@ -15,7 +15,7 @@ from typing import Any
 from services.artifacts import Artifact
 from services.errors import ConversionFailed, InvalidSpec, SourceUnreadable
 from services.formats import Format
-from services.pipeline.context import StepContext
+from services.steps.context import StepContext
 
 __all__ = ["IR_FILE", "onnx_to_ir", "opt_out_of_telemetry", "save_ir", "savedmodel_to_ir", "tflite_to_ir"]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from services.artifacts import Artifact
 from services.converters.openvino_ir import _convert, _finish
 from services.formats.paddle import PADDLE, stage_paddle_model, vet_paddle_model
-from services.pipeline.context import StepContext
+from services.steps.context import StepContext
 
 __all__ = ["paddle_to_ir"]
 

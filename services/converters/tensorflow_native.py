@@ -17,8 +17,8 @@ from typing import Any
 from services.artifacts import Artifact
 from services.errors import ConversionFailed, SourceUnreadable
 from services.formats import Format
-from services.pipeline.context import StepContext
 from services.runners.tensorflow import DEFAULT_SIGNATURE
+from services.steps.context import StepContext
 
 __all__ = ["SAVEDMODEL_DIR", "keras_to_savedmodel", "signature_tensors", "write_keras_savedmodel"]
 

@@ -18,7 +18,7 @@ from typing import Any
 from services.artifacts import Artifact
 from services.errors import ConversionFailed
 from services.formats import Format
-from services.pipeline.context import StepContext
+from services.steps.context import StepContext
 
 __all__ = [
     "DEFAULT_OPSET",

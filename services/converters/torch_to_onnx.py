@@ -26,8 +26,8 @@ import numpy as np
 from services.artifacts import Artifact
 from services.errors import ConversionFailed, KilnError
 from services.formats import Format
-from services.pipeline.context import StepContext
-from services.runners.base import TensorSpec
+from services.steps.context import StepContext
+from services.tensors import TensorSpec
 from services.validation import resolve_shape
 from services.validation.inputs import random_input
 

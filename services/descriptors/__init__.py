@@ -23,6 +23,7 @@ from functools import cache
 from importlib import metadata
 from typing import Any
 
+from services import errors
 from services.descriptors._types import (
     ConverterDescriptor,
     EngineDescriptor,
@@ -41,6 +42,7 @@ __all__ = [
     "concrete_engines",
     "engine_family",
     "option_sections",
+    "readable_formats_hint",
     "registry",
 ]
 
@@ -175,3 +177,13 @@ def option_sections() -> dict[str, EngineDescriptor | FormatDescriptor]:
 def concrete_engines() -> dict[str, EngineDescriptor]:
     """Return every concrete engine (one image and queue each) with its family's descriptor."""
     return {c: e for e in registry().engines.values() for c in e.concrete()}
+
+
+def readable_formats_hint() -> str:
+    """Return the hint naming every source format, for UnsupportedFormat."""
+    labels = [f.label for f in registry().formats.values() if f.is_source]
+    listed = ", ".join(labels[:-1]) + " and " + labels[-1] if len(labels) > 1 else "".join(labels)
+    return f"Kiln reads {listed}; set `source_format` in the spec if detection guessed wrong."
+
+
+errors.install_formats_hint(readable_formats_hint)

@@ -9,8 +9,23 @@ from services.descriptors._types import EngineDescriptor, FormatDescriptor, Targ
 #: 1 TiB: more than any GPU has.
 MAX_WORKSPACE_MB = 1 << 20
 
-#: TensorRT ships per CUDA major version; each variant has its own image and queue (kiln.tensorrt-<variant>).
-VARIANTS = {"cu12": "TensorRT 10.x on CUDA 12", "cu13": "TensorRT 11.x on CUDA 13"}
+#: TensorRT ships per CUDA major version: variant -> (TensorRT major, CUDA major). Each variant has
+#: its own image and queue (kiln.tensorrt-<variant>); this table is the only place they are listed.
+_BUILDS = {"cu12": (10, 12), "cu13": (11, 13)}
+VARIANTS = {variant: f"TensorRT {trt}.x on CUDA {cuda}" for variant, (trt, cuda) in _BUILDS.items()}
+
+
+def variant_major(variant: str) -> int:
+    """Return the TensorRT major version a worker variant carries ("cu13" → 11)."""
+    try:
+        return _BUILDS[variant][0]
+    except KeyError:
+        # Imported here: a descriptor module imports only services.descriptors and pydantic when loaded.
+        from services.errors import EngineUnavailable
+
+        raise EngineUnavailable(
+            f"unknown TensorRT variant {variant!r}", hint="Known variants: " + ", ".join(sorted(VARIANTS))
+        ) from None
 
 
 class TensorRTOptions(BaseModel):
@@ -62,6 +77,6 @@ DESCRIPTORS = (
         artifact_format="tensorrt_plan",
         server_root="triton",
         precisions={"onnx": frozenset({"fp32", "fp16", "int8"})},
-        preflight="services.tensorrt.submission:check_submission",
+        preflight="services.exporters.tensorrt_submission:check_submission",
     ),
 )

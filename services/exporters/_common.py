@@ -12,11 +12,11 @@ from services.artifacts import Artifact
 from services.benchmark import benchmark_runner, compare_with_fp32
 from services.errors import ParityFailed, SlowerThanFp32
 from services.formats import Format
-from services.pipeline.context import StepContext
-from services.pipeline.host_gate import host_alone
-from services.pipeline.reference import ReferenceData, load_reference
 from services.runners import ModelRunner, open_runner
 from services.spec import Precision, Tolerances
+from services.steps.context import StepContext
+from services.steps.host_gate import host_alone
+from services.steps.reference import ReferenceData, load_reference
 from services.validation import check_parity
 from services.validation.localize import describe
 from services.validation.parity import ParityReport

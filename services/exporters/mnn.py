@@ -41,10 +41,10 @@ from services.errors import ConversionFailed, ParityFailed
 from services.exporters import mnn_tool
 from services.exporters._common import calibration_feeds, calibration_warnings, finish_export
 from services.formats import Format
-from services.pipeline.context import StepContext
-from services.pipeline.reference import load_reference
-from services.runners.base import TensorSpec
 from services.spec import Precision
+from services.steps.context import StepContext
+from services.steps.reference import load_reference
+from services.tensors import TensorSpec
 
 __all__ = [
     "CAFFE_KIND",

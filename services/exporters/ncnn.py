@@ -38,10 +38,10 @@ from services.artifacts import Artifact
 from services.errors import ConversionFailed, EngineUnavailable, SourceUnreadable, Timeout
 from services.exporters._common import finish_export
 from services.formats import Format
-from services.pipeline.context import StepContext
-from services.pipeline.reference import ReferenceData, load_reference
 from services.runners.ncnn import FP16_OPTIONS, FP32_OPTIONS, NcnnRunner, sidecar_path
 from services.spec import Precision
+from services.steps.context import StepContext
+from services.steps.reference import ReferenceData, load_reference
 
 __all__ = [
     "BIN_FILE",

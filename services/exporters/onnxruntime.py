@@ -18,10 +18,10 @@ from services.errors import ConversionFailed
 from services.exporters._common import calibration_feeds, calibration_warnings, finish_export
 from services.formats import Format
 from services.onnx_io import load_onnx, save_onnx
-from services.pipeline.context import StepContext
-from services.pipeline.reference import load_reference
 from services.repository.layouts import OVMS_F32
 from services.spec import Precision
+from services.steps.context import StepContext
+from services.steps.reference import load_reference
 
 __all__ = ["export_onnxruntime", "quantize_int8", "to_fp16"]
 

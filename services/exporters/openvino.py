@@ -31,11 +31,11 @@ from services.converters.openvino_ir import IR_FILE, opt_out_of_telemetry, save_
 from services.errors import ConversionFailed, SourceUnreadable
 from services.exporters._common import calibration_feeds, calibration_warnings, finish_export
 from services.formats import Format
-from services.pipeline.context import StepContext
-from services.pipeline.reference import load_reference
 from services.repository.layouts import OVMS_F32
-from services.runners.base import TensorSpec
 from services.spec import Precision
+from services.steps.context import StepContext
+from services.steps.reference import load_reference
+from services.tensors import TensorSpec
 
 __all__ = [
     "PARITY_INFERENCE_PRECISION",

@@ -19,39 +19,26 @@ The TensorRT version, compute capability, profiles, workspace and timing cache g
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
 from services.artifacts import Artifact
-from services.descriptors.tensorrt import TensorRTOptions
+from services.descriptors.tensorrt import TensorRTOptions, variant_major
 from services.errors import EngineUnavailable
 from services.exporters._common import calibration_feeds, calibration_warnings, finish_export
 from services.formats import Format
-from services.graph.engines import TENSORRT_VARIANTS
 from services.onnx_io import load_onnx
-from services.pipeline.context import StepContext
-from services.pipeline.reference import load_reference
 from services.settings import get_settings
 from services.spec import Precision
+from services.steps.context import StepContext
+from services.steps.reference import load_reference
 from services.tensorrt.builder import BuildOptions, build_plan, import_tensorrt, tensorrt_major
 from services.tensorrt.preflight import require_tensorrt_support
 from services.tensorrt.profiles import ShapeProfile, derive_profile
 
-__all__ = ["MODEL_FILE", "export_tensorrt", "serving_for", "variant_major"]
+__all__ = ["MODEL_FILE", "export_tensorrt", "serving_for"]
 
 MODEL_FILE = "model.plan"
-
-
-def variant_major(variant: str) -> int:
-    """Return the TensorRT major version a worker variant carries ("cu13" → 11), from the engine table."""
-    desc = TENSORRT_VARIANTS.get(variant, "")
-    m = re.search(r"TensorRT (\d+)\.x", desc)
-    if m is None:
-        raise EngineUnavailable(
-            f"unknown TensorRT variant {variant!r}", hint="Known variants: " + ", ".join(sorted(TENSORRT_VARIANTS))
-        )
-    return int(m.group(1))
 
 
 def serving_for(profile: ShapeProfile) -> dict[str, Any]:

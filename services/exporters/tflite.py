@@ -35,11 +35,11 @@ from services.artifacts import Artifact
 from services.errors import ConversionFailed, InvalidSpec
 from services.exporters._common import calibration_feeds, finish_export
 from services.formats import Format
-from services.pipeline.context import StepContext
-from services.pipeline.reference import load_reference
 from services.repository.layouts import OVMS_F32
 from services.runners.tensorflow import DEFAULT_SIGNATURE
 from services.spec import Precision
+from services.steps.context import StepContext
+from services.steps.reference import load_reference
 
 __all__ = ["MODEL_FILE", "convert_savedmodel_to_tflite", "export_tflite", "representative_feeds"]
 

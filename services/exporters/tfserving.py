@@ -23,10 +23,10 @@ from typing import Any
 from services.artifacts import DESCRIPTOR, Artifact
 from services.exporters._common import finish_export
 from services.formats import Format
-from services.pipeline.context import StepContext
 from services.repository.layouts import OVMS_F32
 from services.runners.tensorflow import DEFAULT_SIGNATURE
 from services.spec import Precision
+from services.steps.context import StepContext
 
 __all__ = ["SERVING", "compress_weights", "export_tfserving", "write_compressed_savedmodel"]
 

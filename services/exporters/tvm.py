@@ -14,8 +14,8 @@ from services.descriptors.tvm import TvmOptions
 from services.errors import ConversionFailed
 from services.exporters._common import finish_export
 from services.formats import Format
-from services.pipeline.context import StepContext
 from services.spec import Precision
+from services.steps.context import StepContext
 from services.tvm import CUDA_LIBRARY, IO_FILE, LIBRARY, PARAMS, README, build_libraries
 from services.versions import tool_versions
 

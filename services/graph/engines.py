@@ -12,7 +12,6 @@ import importlib.util
 from dataclasses import dataclass
 
 from services.descriptors import registry
-from services.descriptors.tensorrt import VARIANTS
 
 __all__ = ["ENGINES", "Engine", "engine", "installed_engines", "queue_name", "tensorrt_engine"]
 
@@ -38,10 +37,6 @@ class Engine:
 def queue_name(engine_name: str) -> str:
     """Return the Celery queue that carries ``engine_name``'s steps."""
     return f"kiln.{engine_name}"
-
-
-#: TensorRT ships per CUDA major version; each variant has its own image and queue (its descriptor's variants).
-TENSORRT_VARIANTS: dict[str, str] = dict(VARIANTS)
 
 
 def _engines() -> dict[str, Engine]:

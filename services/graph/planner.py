@@ -24,14 +24,12 @@ from services.errors import NoRoute
 from services.formats import Format
 from services.graph.engines import queue_name
 from services.graph.registry import (
-    OPTIMIZE_ENTRY,
-    PUBLISH_ENTRY,
-    REFERENCE_ENTRY,
     Converter,
     Exporter,
     Registry,
     default_registry,
     source_engine,
+    step_entry,
 )
 from services.spec import CompileSpec, Precision, TargetName
 
@@ -87,7 +85,7 @@ class PlanStep:
     id: str
     kind: str  # reference | convert | optimize | export | publish
     engine: str
-    entry: str
+    entry: str  # the step's stable name (graph.registry.step_functions), or a "module:function" path
     inputs: dict[str, str] = field(default_factory=dict)  # role -> step id, or "source"
     options: dict[str, Any] = field(default_factory=dict)
     target: str | None = None
@@ -362,7 +360,7 @@ def plan_routes(
             id="reference",
             kind="reference",
             engine=resolve_engine(source_engine(source), spec),
-            entry=REFERENCE_ENTRY,
+            entry="reference",
             inputs={"model": "source"},
             tool=f"{source.value} runtime",
             format_out="reference",
@@ -384,7 +382,7 @@ def plan_routes(
                     id="/".join(chain),
                     kind="optimize",
                     engine="onnxruntime",
-                    entry=OPTIMIZE_ENTRY,
+                    entry="optimize",
                     inputs={"model": prev},
                     after=[ref_id] if prev == "source" else [],
                     tool="kiln passes",
@@ -401,7 +399,7 @@ def plan_routes(
                     id="/".join(chain),
                     kind="convert",
                     engine=resolve_engine(conv.engine, spec),
-                    entry=conv.entry,
+                    entry=step_entry(f"convert:{conv.name}", conv.entry),
                     inputs={"model": prev},
                     after=[ref_id] if prev == "source" else [],
                     options={"opset": spec.opset, "signature": spec.signature},
@@ -423,7 +421,7 @@ def plan_routes(
                 id=f"export:{target.value}{suffix}",
                 kind="export",
                 engine=resolve_engine(exp.engine, spec),
-                entry=exp.entry,
+                entry=step_entry(f"export:{target.value}", exp.entry),
                 inputs={"model": prev, "reference": ref_id},
                 options={"precision": spec.precision.value},
                 target=target.value,
@@ -437,7 +435,7 @@ def plan_routes(
                 id=f"publish:{target.value}{suffix}",
                 kind="publish",
                 engine=resolve_engine(exp.engine, spec),
-                entry=PUBLISH_ENTRY,
+                entry="publish",
                 inputs={"model": export_id},
                 options={"name": published_name(base_name, target.value, len(spec.targets)), "route": described},
                 target=target.value,

@@ -5,6 +5,11 @@ Built from the descriptors (services/descriptors), the one place edges and targe
 Edges and exporters name their implementation as ``"module:function"`` and are imported
 only when a step runs, so the planner (and the API, which never imports engine SDKs) can
 reason about routes without TensorFlow, torch or OpenVINO installed.
+
+A plan persists each step by a stable name instead (``reference``, ``optimize``, ``publish``,
+``convert:<converter>``, ``export:<target>``: names the descriptors register), so renaming or
+moving a step function does not break a job already queued. Plans written before step names
+persisted the path itself; those still run (:func:`entry_path`, :data:`MOVED_ENTRIES`).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from services.formats import Format
 from services.spec import Precision, TargetName
 
 __all__ = [
+    "MOVED_ENTRIES",
     "OPTIMIZE_ENTRY",
     "PUBLISH_ENTRY",
     "REFERENCE_ENTRY",
@@ -26,8 +32,11 @@ __all__ = [
     "Exporter",
     "Registry",
     "default_registry",
+    "entry_path",
     "load_entry",
     "source_engine",
+    "step_entry",
+    "step_functions",
 ]
 
 ALL_PRECISIONS = frozenset(Precision)
@@ -108,9 +117,39 @@ class Registry:
         return {c.engine for c in self._converters.values()} | {e.engine for e in self._exporters.values()}
 
 
+def step_functions() -> dict[str, str]:
+    """Return every stable step name a plan may persist, with the ``"module:function"`` it runs now."""
+    reg = descriptors.registry()
+    names = {"reference": REFERENCE_ENTRY, "optimize": OPTIMIZE_ENTRY, "publish": PUBLISH_ENTRY}
+    names.update({f"convert:{c.name}": c.entry for c in reg.converters.values()})
+    names.update({f"export:{t.name}": t.entry for t in reg.targets.values()})
+    return names
+
+
+def step_entry(name: str, entry: str) -> str:
+    """Return what a plan persists for a step: its stable ``name`` when that names ``entry``, else ``entry``.
+
+    A registry built in code (a test's, a plugin's) may give a converter or exporter another
+    function than its descriptor's: the plan then keeps that function's path.
+    """
+    return name if step_functions().get(name) == entry else entry
+
+
+def entry_path(entry: str) -> str:
+    """Return the ``"module:function"`` a plan's step ``entry`` runs now.
+
+    ``entry`` is a stable step name, or, in a plan from before step names (or from a registry
+    built in code), a path: kept as it is, or mapped to where the function moved.
+    """
+    path = step_functions().get(entry)
+    if path is not None:
+        return path
+    return MOVED_ENTRIES.get(entry, entry)
+
+
 def load_entry(entry: str) -> Callable[..., Any]:
-    """Import ``"module:function"`` and return the function."""
-    module, _, func = entry.partition(":")
+    """Import the function a step name or ``"module:function"`` path names (see :func:`entry_path`)."""
+    module, _, func = entry_path(entry).partition(":")
     return getattr(importlib.import_module(module), func)  # type: ignore[no-any-return]
 
 
@@ -124,7 +163,14 @@ def source_engine(fmt: Format) -> str:
 
 REFERENCE_ENTRY = "services.pipeline.reference:run_reference_step"
 OPTIMIZE_ENTRY = "services.passes.step:run_optimize_step"
-PUBLISH_ENTRY = "services.repository.step:run_publish_step"
+PUBLISH_ENTRY = "services.pipeline.publish:run_publish_step"
+
+#: Step functions that moved, by the path a plan persisted before step names: a job queued then still runs.
+#: services/repository/step.py became services/pipeline/publish.py so that the repository sits below
+#: the step machinery (docs/architecture.md).
+MOVED_ENTRIES: dict[str, str] = {
+    "services.repository.step:run_publish_step": PUBLISH_ENTRY,
+}
 
 
 def _converters() -> Iterable[Converter]:

@@ -15,8 +15,8 @@ from services.passes import speed
 from services.passes.opset_upgrade import upgrade_opset
 from services.passes.pipeline import optimize_model
 from services.passes.verify import OutputCheck, ort_session, session_inputs
-from services.pipeline.context import StepContext
 from services.spec import CompileSpec
+from services.steps.context import StepContext
 from services.validation import make_validation_inputs
 
 __all__ = ["GUARD_MAX_WEIGHT_BYTES", "MODEL_FILE", "VERIFY_SAMPLES", "output_check", "run_optimize_step", "speed_guard"]

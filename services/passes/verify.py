@@ -17,7 +17,7 @@ import onnx
 from google.protobuf.message import EncodeError
 
 from services.onnx_io import save_onnx
-from services.runners.base import TensorSpec
+from services.tensors import TensorSpec
 
 __all__ = ["FLOAT_RTOL", "OutputCheck", "compare_arrays", "ort_session", "session_inputs"]
 

@@ -22,12 +22,12 @@ from services.descriptors import FormatDescriptor, engine_family, option_section
 from services.errors import ConversionFailed, EngineUnavailable, KilnError, SourceUnreadable, StorageFull
 from services.formats import DetectedSource, Format
 from services.graph.planner import PlanStep
-from services.graph.registry import load_entry
+from services.graph.registry import entry_path, load_entry
 from services.outages import storage_full
-from services.pipeline.context import StepContext
-from services.pipeline.host_gate import host_share
 from services.pipeline.memory import StepMemory
 from services.spec import CompileSpec
+from services.steps.context import StepContext
+from services.steps.host_gate import host_share
 from services.storage.base import ArtifactStore
 from services.versions import tool_versions
 
@@ -93,7 +93,8 @@ def step_cache_key(
 ) -> str:
     """Return the content address of a step's output: inputs, step, options, spec and tool versions."""
     body = {
-        "entry": step.entry,
+        # The function's path, not the step's name: a plan from before step names shares the cache.
+        "entry": entry_path(step.entry),
         "kind": step.kind,
         "options": step.options,
         "inputs": dict(sorted(input_keys.items())),

@@ -22,9 +22,9 @@ from services.graph.planner import Plan, PlanStep, plan_routes
 from services.pipeline.executor import StepOutcome, run_step
 from services.pipeline.fallback import TargetRouting, needed_steps, route_failed_event, route_failures, routing
 from services.pipeline.results import TargetResult, blocked_by, target_results
-from services.pipeline.source_memo import job_memo
 from services.repository.base import ModelRepository
 from services.spec import CompileSpec
+from services.steps.source_memo import job_memo
 from services.storage.base import ArtifactStore
 from services.validation.onnx_source import check_onnx_inputs
 
@@ -88,7 +88,7 @@ def compile_model(
     emit = on_event or (lambda e: None)
     job_id = job_id or uuid.uuid4().hex[:12]
     # The whole job holds the store: a prune between two steps would drop what the next reads.
-    # Its steps share one load of the source model (services/pipeline/source_memo.py).
+    # Its steps share one load of the source model (services/steps/source_memo.py).
     with store.in_use(), job_memo(), tempfile.TemporaryDirectory(prefix="kiln-job-") as tmp:
         scratch = Path(tmp)
         source = open_source(Path(model_path), scratch, spec.source_format)

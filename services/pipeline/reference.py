@@ -1,5 +1,7 @@
 """The reference step: the source model, run by its own framework, on the parity inputs.
 
+The steps after it read its artifact through services/steps/reference.py.
+
 Its artifact holds the signature, the inputs every target is checked on and the source's
 outputs for them, and a separate set of int8 calibration samples. Parity is measured on
 samples the quantiser never saw: checking an int8 artifact on its own calibration rows
@@ -19,8 +21,8 @@ import numpy as np
 from services.artifacts import Artifact
 from services.errors import InvalidSpec, SourceNonfinite
 from services.formats import Format
-from services.pipeline.context import StepContext
 from services.runners import ModelRunner, TensorSpec, open_runner
+from services.steps.context import StepContext
 from services.validation import load_calibration, make_validation_inputs
 from services.validation.inputs import (
     ParityInputs,
@@ -30,7 +32,7 @@ from services.validation.inputs import (
     make_parity_inputs,
 )
 
-__all__ = ["ReferenceData", "load_reference", "refuse_nonfinite", "run_reference_step", "source_runner"]
+__all__ = ["refuse_nonfinite", "run_reference_step", "source_runner"]
 
 
 def source_runner(ctx: StepContext) -> ModelRunner:
@@ -68,14 +70,6 @@ def _save(path: Path, arrays: dict[str, np.ndarray]) -> None:
     # dict of arrays does not type-check; the call itself is what numpy documents.
     savez: Any = np.savez
     savez(path, **arrays)
-
-
-def _unpack(npz: dict[str, np.ndarray], n: int) -> list[dict[str, np.ndarray]]:
-    out: list[dict[str, np.ndarray]] = [{} for _ in range(n)]
-    for key, arr in npz.items():
-        i, _, name = key.partition("/")
-        out[int(i)][name] = arr
-    return out
 
 
 #: Every HOLD_OUT-th calibration row is kept for parity, never shown to the quantiser.
@@ -219,40 +213,3 @@ def run_reference_step(ctx: StepContext) -> Artifact:
             "reference_passed_over": {k: v[:400] for k, v in passed_over.items()},
         },
     )
-
-
-class ReferenceData:
-    """The reference artifact, loaded: signature, per-sample inputs and source outputs."""
-
-    def __init__(self, artifact: Artifact) -> None:
-        self.artifact = artifact
-        meta: dict[str, Any] = artifact.meta
-        self.samples: int = meta["samples"]
-        self.inputs_from: str = meta["inputs_from"]
-        self.source_format = Format(meta["source_format"])
-        sig = meta["signature"]
-        self.input_specs = [TensorSpec.from_dict(t) for t in sig["inputs"]]
-        self.output_specs = [TensorSpec.from_dict(t) for t in sig["outputs"]]
-        self.inputs = _load(artifact.root / "inputs.npz", self.samples)
-        self.outputs = _load(artifact.root / "outputs.npz", self.samples)
-        self.calibration_from: str = meta["calibration_from"]
-        self.calibration = _load(artifact.root / "calibration.npz", meta["calibration_samples"])
-        # Which shape each sample was made at (0: the first); references from before had one shape.
-        self.shape_of: list[int] = list(meta.get("shape_of") or [0] * self.samples)
-        self.shapes: list[dict[str, list[int]]] = list(meta.get("shapes") or [])
-        self.input_provenance: dict[str, str] = dict(meta.get("input_provenance") or {})
-        self.reference_runtime: str = meta.get("reference_runtime") or self.source_format.value
-
-    @property
-    def output_names(self) -> list[str]:
-        return [t.name for t in self.output_specs]
-
-
-def _load(path: Path, n: int) -> list[dict[str, np.ndarray]]:
-    with np.load(path, allow_pickle=False) as npz:
-        return _unpack({k: npz[k] for k in npz.files}, n)
-
-
-def load_reference(artifact: Artifact) -> ReferenceData:
-    """Return the loaded reference data of a reference artifact."""
-    return ReferenceData(artifact)

@@ -29,7 +29,7 @@ from services.repository.triton_config import (
     preferred_batch_sizes,
     triton_config_pbtxt,
 )
-from services.runners.base import TensorSpec
+from services.tensors import TensorSpec
 
 __all__ = [
     "MANIFEST",

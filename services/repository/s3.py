@@ -78,7 +78,7 @@ from typing import Any
 from services.errors import KilnError, NotFound, RepositoryConflict, ServiceUnavailable
 from services.repository.base import ModelRepository
 from services.repository.publish import MANIFEST
-from services.storage._s3 import (
+from services.s3 import (
     S3Location,
     delete_keys,
     download_keys,

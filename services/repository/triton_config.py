@@ -19,7 +19,7 @@ from typing import Any
 from google.protobuf import text_format
 
 from services.errors import KilnError, UnsupportedFormat
-from services.runners.base import TensorSpec
+from services.tensors import TensorSpec
 
 __all__ = [
     "DEFAULT_MAX_BATCH_SIZE",

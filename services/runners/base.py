@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 import importlib
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ import numpy as np
 from services.descriptors import registry
 from services.errors import EngineUnavailable
 from services.formats import Format
+from services.tensors import TensorSpec
 
 __all__ = ["InputBound", "ModelRunner", "TensorSpec", "contiguous", "open_runner", "register_runner"]
 
@@ -24,24 +25,6 @@ def contiguous(arr: Any, dtype: Any = None) -> np.ndarray:
     step count) reached engines as shape [1], which OpenVINO refuses for a 0-d port.
     """
     return np.require(arr, dtype=dtype, requirements="C")
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """A model input or output: name, numpy dtype name, shape (None for a dynamic axis)."""
-
-    name: str
-    dtype: str
-    shape: tuple[int | None, ...]
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["shape"] = list(self.shape)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TensorSpec:
-        return cls(d["name"], d["dtype"], tuple(d["shape"]))
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ import numpy as np
 
 from services.errors import InvalidSpec, SourceUnreadable, UnsafeInput
 from services.formats.keras_safety import UNSAFE_HINT, check_keras_file
-from services.pipeline.source_memo import memoized
 from services.runners.base import ModelRunner, TensorSpec
+from services.steps.source_memo import memoized
 
 __all__ = [
     "DEFAULT_SIGNATURE",

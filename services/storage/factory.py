@@ -53,7 +53,7 @@ def _split(url: str, what: str) -> tuple[str, Any]:
             return "file", Path(unquote(parsed.path))
         return "file", Path(url).expanduser()
     if scheme == "s3":
-        from services.storage._s3 import S3Location
+        from services.s3 import S3Location
 
         if not parsed.netloc:
             raise InvalidSpec(f"{what} location {url!r} has no bucket", hint="Write it as s3://bucket/prefix.")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from services.errors import NotFound, ServiceUnavailable
-from services.storage._s3 import (
+from services.s3 import (
     S3Location,
     delete_keys,
     download_keys,

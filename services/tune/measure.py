@@ -3,7 +3,7 @@
 All candidates are open at once and :func:`services.benchmark.time_interleaved` runs each once
 per round in a shuffled order, so a change in the machine's load (other jobs, thermal) hits
 them alike and the rounds pair up across candidates. The timing holds the host alone as
-benchmarks do (services/pipeline/host_gate.py): no compile step of this host runs meanwhile.
+benchmarks do (services/steps/host_gate.py): no compile step of this host runs meanwhile.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import numpy as np
 
 from services.benchmark import feeds_for_batch
 from services.formats import Format
-from services.pipeline.host_gate import host_alone
 from services.runners import ModelRunner, open_runner
 from services.spec import CompileSpec
+from services.steps.host_gate import host_alone
 from services.tune.budget import Deadline
 from services.tune.race import race
 from services.tune.report import Candidate

@@ -28,7 +28,7 @@ from typing import Any
 
 from services.descriptors.tvm import TvmOptions
 from services.errors import ConversionFailed, EngineUnavailable, InvalidSpec
-from services.runners.base import TensorSpec
+from services.tensors import TensorSpec
 
 __all__ = [
     "CUDA_LIBRARY",

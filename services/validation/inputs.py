@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from services.errors import InvalidSpec
-from services.runners.base import InputBound, TensorSpec
+from services.runners.base import InputBound
 from services.spec import MEMORY_HINT, CompileSpec, InputSpec, allocation_problem, input_bytes
+from services.tensors import TensorSpec
 
 __all__ = [
     "DEFAULT_DYNAMIC_DIM",

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from services.runners.base import TensorSpec
 from services.spec import CompileSpec
+from services.tensors import TensorSpec
 from services.validation.inputs import check_spec_inputs, refuse_ungeneratable
 
 __all__ = ["check_onnx_inputs"]

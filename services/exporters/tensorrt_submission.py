@@ -1,4 +1,4 @@
-"""The tensorrt target's check at submission (its descriptor's ``preflight``)."""
+"""The tensorrt target's check at submission (its descriptor's ``preflight``): the parser, after the optimiser."""
 
 from __future__ import annotations
 
@@ -24,8 +24,7 @@ def check_submission(source: DetectedSource, spec: CompileSpec) -> None:
     """
     if source.format is not Format.ONNX:
         return
-    from services.descriptors.tensorrt import TensorRTOptions
-    from services.exporters.tensorrt import variant_major
+    from services.descriptors.tensorrt import TensorRTOptions, variant_major
     from services.tensorrt.preflight import preflight, raise_if_unsupported
 
     major = variant_major(spec.engine_options(TensorRTOptions).variant)

@@ -6,8 +6,8 @@ from typing import Any
 
 from services.artifacts import Artifact
 from services.errors import KilnError
-from services.pipeline.context import StepContext
 from services.repository.publish import publish_version
+from services.steps.context import StepContext
 
 __all__ = ["build_manifest", "run_publish_step"]
 
