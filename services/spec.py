@@ -403,7 +403,9 @@ class CompileSpec(_Strict):
         default=None, ge=1, le=MAX_VERSION, description="Published version; next free one when unset."
     )
     calibration: str | None = Field(
-        default=None, description="An .npz of arrays keyed by input name, for int8 calibration and parity inputs."
+        default=None,
+        description="An .npz for int8 calibration and parity inputs: arrays keyed by input name (samples stacked on "
+        "axis 0), or whole feeds keyed '<sample>/<input>' (any shapes, scalars and states batched on another axis).",
     )
     integer_io: bool = Field(
         default=False,

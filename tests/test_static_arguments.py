@@ -4,6 +4,8 @@ artifact, and a tensor input that generated samples fill with the spec's value."
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +13,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
+from jobs_support import KILN_CMD
 from onnx import TensorProto, helper
 
 from services.errors import InvalidSpec
@@ -108,3 +111,22 @@ def test_a_tensor_input_pinned_by_the_spec_is_generated_with_its_value(tmp_path:
     t = compile_model(tmp_path / "scale.onnx", spec, store=store, repository=repository).targets["onnxruntime"]
     assert t.status == "succeeded", t.error
     assert t.parity["input_provenance"]["sr"] == "the spec's value 16000"
+
+
+def test_kiln_compile_pins_the_argument_from_a_spec_file(scripted, tmp_path: Path) -> None:
+    """The same through the `kiln` command as a user runs it: --spec carries the value."""
+    _, path = scripted
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"inputs": {"x": {"shape": [-1, 8]}, "sr": {"value": 16000}}}))
+    flags = ["-t", "onnxruntime", "--spec", str(spec), "--repo", str(tmp_path / "repo"), "--no-benchmark", "--json"]
+    proc = subprocess.run(
+        [*KILN_CMD, "compile", str(path), *flags],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "KILN_CACHE_DIR": str(tmp_path / "cache")},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    target = json.loads(proc.stdout)["targets"]["onnxruntime"]
+    assert target["status"] == "succeeded" and target["parity"]["passed"]
+    assert "sr" not in target["parity"]["input_provenance"] and "x" in target["parity"]["input_provenance"]  # baked in
