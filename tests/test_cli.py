@@ -281,7 +281,7 @@ def test_input_max_batch_and_serving_root_flags_reach_the_repository(cnn_onnx: P
     manifest = json.loads((repo / "triton" / "cnn" / "1" / "kiln-manifest.json").read_text())
     assert manifest["spec"]["inputs"]["input"] == {
         "shape": None, "min": [1, 3, 32, 32], "opt": [2, 3, 32, 32], "max": [4, 3, 32, 32], "dtype": None,
-        "range": None,
+        "range": None, "value": None,
     }  # fmt: skip
 
 

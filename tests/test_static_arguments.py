@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,10 +21,15 @@ from services.errors import InvalidSpec
 from services.pipeline import compile_model
 from services.spec import load_spec
 
+#: Different arithmetic per sample rate, as Silero VAD's forward(x, sr: int) has. Scripted in a
+#: fresh interpreter: TorchScript compiles a class once per process, and a test session has
+#: other scripted modules and state that made in-session scripting of it fail.
+SCRIPT = """
+import sys
+import torch
+
 
 class RateDependent(torch.nn.Module):
-    """Different arithmetic per sample rate, as Silero VAD's forward(x, sr: int) has."""
-
     def __init__(self) -> None:
         super().__init__()
         self.lin = torch.nn.Linear(8, 4)
@@ -34,13 +40,18 @@ class RateDependent(torch.nn.Module):
         return torch.tanh(self.lin(x)) * 3.0
 
 
-@pytest.fixture
-def scripted(tmp_path: Path) -> tuple[torch.jit.ScriptModule, Path]:
-    torch.manual_seed(0)
-    module = torch.jit.script(RateDependent().eval())
-    path = tmp_path / "rate.pt"
-    module.save(str(path))
-    return module, path
+torch.manual_seed(0)
+torch.jit.script(RateDependent().eval()).save(sys.argv[1])
+"""
+
+
+@pytest.fixture(scope="module")
+def scripted(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.jit.ScriptModule, Path]:
+    folder = tmp_path_factory.mktemp("scripted")
+    (folder / "make_rate.py").write_text(SCRIPT)  # TorchScript reads the class's source from its file
+    path = folder / "rate.pt"
+    subprocess.run([sys.executable, str(folder / "make_rate.py"), str(path)], check=True, timeout=300)
+    return torch.jit.load(str(path)), path
 
 
 def _spec(**inputs: dict) -> dict:

@@ -76,7 +76,7 @@ if TYPE_CHECKING:
     from services.spec import CompileSpec
     from services.tensors import TensorSpec
 
-__all__ = ["ConstantOperandLast", "FixInputShapes", "FuseErfGelu", "ScopeSafeNodeNames", "onnx_to_savedmodel"]
+__all__ = ["ConstantOperandLast", "FuseErfGelu", "ScopeSafeNodeNames", "onnx_to_savedmodel"]
 
 TOOL = "onnx2tf"
 SAVEDMODEL_DIR = "saved_model"
@@ -192,59 +192,6 @@ class ScopeSafeNodeNames(KilnPass):
         return PassResult(model, modified)
 
 
-class FoldConstantOfShape(KilnPass):
-    """Fold ConstantOfShape nodes (and what they feed) once their shape is constant.
-
-    onnxscript's folder keeps ConstantOfShape on purpose, a compact node for a possibly big
-    tensor. At fixed input shapes it is what stops a traced BERT's token-type ids
-    (``Expand(buffer, Where(Equal(shape, ConstantOfShape(...) * -1), ...))``) from folding,
-    and onnx2tf fails on that all-constant arithmetic (it builds a Keras model whose output
-    is a plain array). The size limits are the folder's defaults, as in Kiln's constant folding.
-    """
-
-    name = "onnx2tf_fold_constant_of_shape"
-    summary = "fold ConstantOfShape with a constant shape, and what it feeds (onnxscript keeps it on purpose)"
-
-    def call(self, model: ir.Model) -> PassResult:
-        from onnxscript.optimizer._constant_folding import (
-            DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT,
-            DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT,
-        )
-
-        from services.passes.folding import GuardedFolder
-
-        folder = GuardedFolder(
-            shape_inference=True,
-            input_size_limit=DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT,
-            output_size_limit=DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT,
-            should_fold=lambda node: True if node.op_type == "ConstantOfShape" else None,
-        )
-        return PassResult(model, folder(model).modified)
-
-
-class FixInputShapes(KilnPass):
-    """Pin graph inputs at static shapes, so that shape inference and folding make their arithmetic constant."""
-
-    name = "fix_input_shapes"
-    summary = "pin graph inputs at static shapes (onnx2tf cannot convert this graph's dynamic-shape arithmetic)"
-
-    def __init__(self, shapes: dict[str, list[int]]) -> None:
-        super().__init__()
-        self.shapes = shapes
-
-    def call(self, model: ir.Model) -> PassResult:
-        modified = False
-        for value in model.graph.inputs:
-            want = self.shapes.get(value.name or "")
-            if want is None:
-                continue
-            shape = ir.Shape(want)
-            if value.shape != shape:
-                value.shape = shape
-                modified = True
-        return PassResult(model, modified)
-
-
 def _prepare(
     model: onnx.ModelProto, fixed: dict[str, list[int]] | None
 ) -> tuple[onnx.ModelProto, list[dict[str, Any]]]:
@@ -255,11 +202,12 @@ def _prepare(
     the records say they ran.
     """
     from services.passes.folding import ShapeInference
-    from services.passes.pipeline import default_passes, optimize_model
+    from services.passes.pinned_shapes import pinning_passes
+    from services.passes.pipeline import optimize_model
 
     # onnx2tf needs the intermediate shapes (a dynamic batch fails without them), which the
     # optimiser's output leaves out for onnxruntime's sake (issue 12): infer them again.
-    passes = [FixInputShapes(fixed), FoldConstantOfShape(), *default_passes()] if fixed else [ShapeInference()]
+    passes = pinning_passes(fixed) if fixed else [ShapeInference()]
     prepared, report = optimize_model(
         model,
         [*passes, FuseErfGelu(), ConstantOperandLast(), NameNodes(), ScopeSafeNodeNames()],

@@ -24,6 +24,9 @@ from services.errors import NoRoute
 from services.formats import Format
 from services.graph.engines import queue_name
 from services.graph.registry import (
+    OPTIMIZE_ENTRY,
+    PUBLISH_ENTRY,
+    REFERENCE_ENTRY,
     Converter,
     Exporter,
     Registry,
@@ -360,7 +363,7 @@ def plan_routes(
             id="reference",
             kind="reference",
             engine=resolve_engine(source_engine(source), spec),
-            entry="reference",
+            entry=step_entry("reference", REFERENCE_ENTRY),
             inputs={"model": "source"},
             tool=f"{source.value} runtime",
             format_out="reference",
@@ -382,7 +385,7 @@ def plan_routes(
                     id="/".join(chain),
                     kind="optimize",
                     engine="onnxruntime",
-                    entry="optimize",
+                    entry=step_entry("optimize", OPTIMIZE_ENTRY),
                     inputs={"model": prev},
                     after=[ref_id] if prev == "source" else [],
                     tool="kiln passes",
@@ -435,7 +438,7 @@ def plan_routes(
                 id=f"publish:{target.value}{suffix}",
                 kind="publish",
                 engine=resolve_engine(exp.engine, spec),
-                entry="publish",
+                entry=step_entry("publish", PUBLISH_ENTRY),  # the module global, so a test may gate publish
                 inputs={"model": export_id},
                 options={"name": published_name(base_name, target.value, len(spec.targets)), "route": described},
                 target=target.value,

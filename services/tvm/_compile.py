@@ -213,6 +213,8 @@ def build_libraries(
     """
     import onnx
 
+    from services.passes.pinned_shapes import pin_input_shapes
+
     model = onnx.load(str(onnx_path))
     inputs, outputs = onnx_io(model)
     details: dict[str, Any] = {}
@@ -229,12 +231,19 @@ def build_libraries(
         progress(f"TVM cannot compile the open axes ({why}); building for the given shapes {pinned}")
         details.clear()
         try:
-            inputs = _build(model, inputs, pinned, out_dir, fp16, options, scratch, progress, details)
+            # The shapes go into the graph and its shape arithmetic is folded first: given to
+            # the importer alone they leave Reshape targets it cannot infer on real models.
+            fixed, passes = pin_input_shapes(model, pinned)
+            inputs = _build(fixed, inputs, pinned, out_dir, fp16, options, scratch, progress, details)
         except (ConversionFailed, InvalidSpec, EngineUnavailable):
             raise
         except Exception as again:
             raise _tvm_failed(again) from again
-        details["built_for"] = {"shapes": pinned, "why": f"TVM could not compile the open axes: {why}"}
+        details["built_for"] = {
+            "shapes": pinned,
+            "why": f"TVM could not compile the open axes: {why}",
+            "passes": [r["name"] for r in passes if r["modified"]],
+        }
     io = {"inputs": [t.to_dict() for t in inputs], "outputs": [t.to_dict() for t in outputs]}
     (out_dir / IO_FILE).write_text(json.dumps(io, indent=2) + "\n")
     return details
