@@ -32,7 +32,6 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 PRECISIONS = ("fp32", "int8", "int4")
@@ -125,9 +124,10 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=64)
     args = ap.parse_args()
 
-    import models
     import onnxruntime
     import openvino
+
+    from kiln_testing import models
 
     models.GPT2_VOCAB = args.vocab
     with tempfile.TemporaryDirectory() as d:

@@ -1,10 +1,10 @@
 """MNN against onnxruntime: latency ratios, parity and size of Kiln's mnn artifacts at fp32, fp16 and int8.
 
-Models (random weights, built here or in tests/models.py, nothing downloaded): the tests'
+Models (random weights, built here or in kiln_testing/models.py, nothing downloaded): the tests'
 tiny CNN (32x32) and transformer block (16 tokens x 32), a ResNet-18-like CNN and a
 MobileNetV2-like CNN (depthwise-separable, inverted residuals) on 112x112 images, a
-GPT-2-class LM (tests/models.py's, n_embd 256, 4 layers, 64 tokens) and a BERT-class encoder
-(transformers' BertModel, hidden 256, 4 layers, 64 tokens; benchmarks/transformer_models.py). Each is compiled by Kiln (``compile_model``, what the
+GPT-2-class LM (kiln_testing/models.py's, n_embd 256, 4 layers, 64 tokens) and a BERT-class encoder
+(transformers' BertModel, hidden 256, 4 layers, 64 tokens; kiln_testing/transformer_models.py). Each is compiled by Kiln (``compile_model``, what the
 CLI and the workers call) for onnxruntime at fp32 and for mnn at fp32, fp16 and int8, so the
 artifacts are exactly what Kiln publishes. Every artifact runs through Kiln's runner of its
 engine (same request path) with the same thread count; the variants take turns run by run
@@ -34,8 +34,6 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 MNN_PRECISIONS = ("fp32", "fp16", "int8")
@@ -140,8 +138,9 @@ def _image(size: int) -> Feeds:
 
 
 def build_models(tmp: Path, which: list[str]) -> list[tuple[str, Path, Feeds]]:
-    import models as test_models
     import torch
+
+    from kiln_testing import models as test_models
 
     out: list[tuple[str, Path, Feeds]] = []
     if "tiny-cnn" in which:
@@ -162,7 +161,7 @@ def build_models(tmp: Path, which: list[str]) -> list[tuple[str, Path, Feeds]]:
         ids = lambda b: {"input_ids": np.random.default_rng(b).integers(0, 8192, (b, 64)).astype(np.int64)}  # noqa: E731
         out.append(("GPT-2-class (n_embd 256, 4 layers, vocab 8192), 64 tokens", path, ids))
     if "bert" in which:
-        from transformer_models import torch_transformer
+        from kiln_testing.transformer_models import torch_transformer
 
         path, feeds = torch_transformer("bert", "torchscript", tmp / "bert.onnx")
         out.append(("BERT-class (hidden 256, 4 layers), 64 tokens", path, feeds))

@@ -1,6 +1,6 @@
 """Benchmark Kiln's ncnn artifacts against onnxruntime on the same models; prints markdown tables.
 
-Each model (random weights, built here or by tests/models.py) is exported to ONNX once and
+Each model (random weights, built here or by kiln_testing/models.py) is exported to ONNX once and
 compiled by Kiln (in process, parity against onnxruntime on the source included) to the
 onnxruntime target at fp32 and to the ncnn target at fp32 and fp16. The published artifacts
 are then timed through Kiln's own runners, as its benchmark step times them:
@@ -36,7 +36,6 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 BATCHES = (1, 8)
 
@@ -89,7 +88,8 @@ def _resnet_like() -> Any:
 
 def _encoder(layers: int, d_model: int, heads: int) -> Any:
     import torch
-    from models import tiny_transformer_module
+
+    from kiln_testing.models import tiny_transformer_module
 
     model = torch.nn.Sequential(*(tiny_transformer_module(d_model, heads) for _ in range(layers))).eval()
     # tiny_transformer_module seeds torch, so the blocks would be identical (and ONNX would store
@@ -102,7 +102,7 @@ def _encoder(layers: int, d_model: int, heads: int) -> Any:
 
 
 def _models() -> dict[str, tuple[Callable[[], Any], tuple[int, ...]]]:
-    from models import tiny_cnn_module, tiny_transformer_module
+    from kiln_testing.models import tiny_cnn_module, tiny_transformer_module
 
     return {
         "tests' CNN 3x32x32": (tiny_cnn_module, (3, 32, 32)),
@@ -159,8 +159,8 @@ def main() -> int:
 
     import onnxruntime
     import torch
-    from models import export_onnx
 
+    from kiln_testing.models import export_onnx
     from services.runners.ncnn import NcnnRunner
     from services.runners.onnx import OnnxRuntimeRunner
     from services.storage import LocalArtifactStore

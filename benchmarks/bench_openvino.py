@@ -29,7 +29,6 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
@@ -57,7 +56,8 @@ def medium_cnn_module():
 def build_models(tmp: Path) -> list[tuple[str, Path, tuple[int, ...]]]:
     """Return (label, onnx path, input shape at batch 1) for each benchmarked model."""
     import torch
-    from models import export_onnx, tiny_cnn_onnx, tiny_transformer_module, tiny_transformer_onnx
+
+    from kiln_testing.models import export_onnx, tiny_cnn_onnx, tiny_transformer_module, tiny_transformer_onnx
 
     return [
         ("tiny CNN (tests)", tiny_cnn_onnx(tmp / "cnn.onnx"), (1, 3, 32, 32)),

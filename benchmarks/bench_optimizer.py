@@ -34,7 +34,6 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
@@ -85,7 +84,8 @@ def resnetish_module() -> Any:
 def encoder_stack_module(layers: int = 4, d_model: int = 128, heads: int = 4) -> Any:
     """``layers`` transformer encoder blocks (the tests' block, wider)."""
     import torch
-    from models import tiny_transformer_module
+
+    from kiln_testing.models import tiny_transformer_module
 
     torch.manual_seed(0)
     return torch.nn.Sequential(*[tiny_transformer_module(d_model, heads) for _ in range(layers)]).eval()
@@ -161,8 +161,9 @@ def _fixed(build: Callable[[], Path], shape: tuple[int, ...]) -> Callable[[], tu
 def build_models(tmp: Path) -> list[tuple[str, Callable[[], tuple[Path, Feeds]], tuple[int, ...]]]:
     """Return (label, builder, batches) per model; builders run lazily (``--only`` skips the rest)."""
     import torch
-    from models import export_onnx, tiny_cnn_onnx, tiny_transformer_onnx
-    from transformer_models import keras_transformer, torch_transformer
+
+    from kiln_testing.models import export_onnx, tiny_cnn_onnx, tiny_transformer_onnx
+    from kiln_testing.transformer_models import keras_transformer, torch_transformer
 
     models: list[tuple[str, Callable[[], tuple[Path, Feeds]], tuple[int, ...]]] = [
         ("tiny CNN (tests; exporter folded BN)", _fixed(lambda: tiny_cnn_onnx(tmp / "cnn.onnx"), (3, 32, 32)), (1,)),

@@ -38,8 +38,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from bench_optimizer import Variant, export_unfolded, node_count, resnetish_module, session, time_once  # noqa: E402
@@ -49,8 +47,9 @@ CONTRIB = ("Attention", "MultiHeadAttention", "BiasGelu", "Gelu", "FastGelu", "S
 
 def _models(cache: Path, biases: str) -> list[tuple[str, Callable[[], tuple[Path, Any]], tuple[int, ...]]]:
     import numpy as np
-    from models import tiny_cnn_onnx
-    from transformer_models import keras_transformer, torch_transformer
+
+    from kiln_testing.models import tiny_cnn_onnx
+    from kiln_testing.transformer_models import keras_transformer, torch_transformer
 
     def cnn_feeds(shape: tuple[int, ...]) -> Any:
         return lambda b: {"input": np.random.default_rng(b).standard_normal((b, *shape)).astype(np.float32)}

@@ -33,13 +33,12 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
 def build_models(tmp: Path) -> list[tuple[str, Path, tuple[int, ...]]]:
     """Return (label, .keras path, per-sample input shape) for each benchmarked model."""
-    from tf_models import IMAGE, MOBILENET_SHAPE, keras_cnn, mobilenet_v2
+    from kiln_testing.tf_models import IMAGE, MOBILENET_SHAPE, keras_cnn, mobilenet_v2
 
     return [
         ("Keras CNN 16x16 (tests' model)", keras_cnn(tmp / "cnn.keras"), IMAGE),

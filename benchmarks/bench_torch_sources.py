@@ -32,15 +32,15 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
 def build_sources(tmp: Path) -> list[dict[str, Any]]:
     """Return the benchmarked sources: label, path, a batch-1 feed, and the spec's inputs."""
     import torch
-    from models import tiny_cnn_module
     from transformers import BertConfig, BertModel
+
+    from kiln_testing.models import tiny_cnn_module
 
     cnn = tiny_cnn_module()
     x = torch.randn(2, 3, 32, 32)  # export specialises a size-1 axis, so examples use 2

@@ -27,7 +27,7 @@ SCRIPTS = (
     "bench_tensorrt_preflight.py",
     "bench_mnn.py",
     "bench_tvm.py",
-    "bench_parity_bounds.py",  # fetches real models from PyPI (benchmarks/real_models.py)
+    "bench_parity_bounds.py",  # fetches real models from PyPI (kiln_testing/real_models.py)
     "bench_parity_cost.py",
     "bench_tune.py",
     "bench_service.py",  # needs Redis and PostgreSQL on loopback, and wrk
