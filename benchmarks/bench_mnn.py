@@ -36,6 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+from kiln_testing.timing import ratio_cell, run_by_run  # noqa: E402
+
 MNN_PRECISIONS = ("fp32", "fp16", "int8")
 Feeds = Callable[[int], dict[str, np.ndarray]]
 
@@ -212,27 +214,10 @@ def interleave(variants: list[Variant], feed: dict[str, np.ndarray], rounds: int
     batch 8, 9.9 ms of CPU in 30 ms of wall; at batch 1, 1.5 ms in 1.5 ms), which would
     favour whichever engine is faster. Both engines run one thread on the caller's thread.
     """
-    for v in variants:
-        for _ in range(3):
-            v.runner.run(feed)
-    n = len(variants)
-    for _ in range(rounds):
-        times: list[list[float]] = [[] for _ in variants]
-        start = time.perf_counter()
-        i = 0
-        while i < 10 * n or time.perf_counter() - start < seconds * n:
-            k = (i + i // n) % n
-            t0 = time.process_time()
-            variants[k].runner.run(feed)
-            times[k].append(time.process_time() - t0)
-            i += 1
-        for v, ts in zip(variants, times, strict=True):
-            v.rounds.append(statistics.median(ts) * 1e3)
-
-
-def ratio(a: Variant, b: Variant) -> str:
-    rs = [x / y for x, y in zip(a.rounds, b.rounds, strict=True)]
-    return f"{statistics.median(rs):.2f} ({min(rs):.2f}-{max(rs):.2f})"
+    entries = [(v.runner, feed) for v in variants]
+    medians = run_by_run(entries, rounds, seconds, min_cycles=10, rotate=True, clock=time.process_time)
+    for v, ms in zip(variants, medians, strict=True):
+        v.rounds.extend(ms)
 
 
 def main() -> None:
@@ -273,7 +258,7 @@ def main() -> None:
             cells = []
             for p in MNN_PRECISIONS:
                 v = by.get(f"mnn {p}")
-                cells.append(ratio(v, ort) + (f" ({v.note})" if v.note else "") if v else "failed")
+                cells.append(ratio_cell(v.rounds, ort.rounds) + (f" ({v.note})" if v.note else "") if v else "failed")
             cos = " / ".join(f"{by[f'mnn {p}'].cosine:.5f}" if f"mnn {p}" in by else "-" for p in MNN_PRECISIONS)
             sizes = " / ".join(
                 f"{v.size / 1024:.0f} KiB" for v in [ort, *(by[f"mnn {p}"] for p in MNN_PRECISIONS if f"mnn {p}" in by)]

@@ -37,6 +37,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from kiln_testing.timing import median_ratio, run_by_run  # noqa: E402
+
 BATCHES = (1, 8)
 
 
@@ -132,21 +134,8 @@ def _compile(src: Path, targets: list[str], precision: str, store: Any, repo_dir
 
 def _time(runners: dict[str, Any], feed: dict[str, np.ndarray], rounds: int, seconds: float) -> dict[str, list[float]]:
     """Return per-round median latency (ms) of each runner; runners alternate run by run."""
-    for r in runners.values():
-        for _ in range(3):
-            r.run(feed)
-    medians: dict[str, list[float]] = {k: [] for k in runners}
-    for _ in range(rounds):
-        samples: dict[str, list[float]] = {k: [] for k in runners}
-        end = time.perf_counter() + seconds * len(runners)
-        while time.perf_counter() < end:
-            for name, r in runners.items():
-                t0 = time.perf_counter()
-                r.run(feed)
-                samples[name].append((time.perf_counter() - t0) * 1e3)
-        for name, s in samples.items():
-            medians[name].append(statistics.median(s))
-    return medians
+    medians = run_by_run([(r, feed) for r in runners.values()], rounds, seconds)
+    return dict(zip(runners, medians, strict=True))
 
 
 def main() -> int:
@@ -198,8 +187,8 @@ def main() -> int:
             for batch in BATCHES:
                 feed = {name: np.random.default_rng(batch).standard_normal((batch, *sample)).astype(np.float32)}
                 med = _time(runners, feed, args.rounds, args.seconds)
-                r32 = statistics.median(a / b for a, b in zip(med["ncnn32"], med["ort"], strict=True))
-                r16 = statistics.median(a / b for a, b in zip(med["ncnn16"], med["ort"], strict=True))
+                r32 = median_ratio(med["ncnn32"], med["ort"])
+                r16 = median_ratio(med["ncnn16"], med["ort"])
                 p = {k: statistics.median(v) for k, v in med.items()}
                 print(
                     f"| {label} | {batch} | {p['ort']:.3f} | {p['ncnn32']:.3f} | **{r32:.2f}** | "

@@ -27,6 +27,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+from kiln_testing.timing import in_blocks, ratio_cell  # noqa: E402
 
 # --- models ----------------------------------------------------------------------------
 
@@ -298,22 +300,14 @@ def worst_relative_diff(a: Any, b: Any, feeds: list[dict[str, np.ndarray]]) -> f
     return worst
 
 
-def time_once(v: Variant, feed: dict[str, np.ndarray], seconds: float, clock: Callable[[], float]) -> float:
-    """Return the median latency (ms, by ``clock``) of as many runs as fit in ``seconds`` (at least 5)."""
-    for _ in range(2):
-        v.session.run(None, feed)
-    times = []
-    start = time.perf_counter()
-    while len(times) < 5 or time.perf_counter() - start < seconds:
-        t0 = clock()
-        v.session.run(None, feed)
-        times.append(clock() - t0)
-    return statistics.median(times) * 1e3
-
-
-def ratio(a: Variant, base: Variant) -> str:
-    rs = [x / y for x, y in zip(a.rounds, base.rounds, strict=True)]
-    return f"{statistics.median(rs):.3f} ({min(rs):.2f}-{max(rs):.2f})"
+def time_variants(
+    variants: list[Variant], feed: dict[str, np.ndarray], rounds: int, seconds: float, clock: Any
+) -> None:
+    """Set each variant's ``rounds``: its median latency (ms, by ``clock``) per round, in blocks of ``seconds``."""
+    calls = {i: partial(v.session.run, None, feed) for i, v in enumerate(variants)}
+    ms = in_blocks(calls, rounds, seconds, warmup=2, clock=clock)
+    for i, v in enumerate(variants):
+        v.rounds = ms[i]
 
 
 def main() -> None:
@@ -380,15 +374,12 @@ def main() -> None:
                 v.session = session(v.model, args.threads)
             for batch in batches:
                 feed = feeds(batch)
-                for v in variants:
-                    v.rounds = []
-                for r in range(args.rounds):
-                    for v in variants if r % 2 == 0 else list(reversed(variants)):
-                        v.rounds.append(time_once(v, feed, args.seconds, clock))
+                time_variants(variants, feed, args.rounds, args.seconds, clock)
                 base, kiln, slim, ort_basic = variants
+                pairs = ((kiln, base), (slim, base), (ort_basic, base), (kiln, slim), (kiln, ort_basic))
+                cells = [ratio_cell(a.rounds, b.rounds, ".3f") for a, b in pairs]
                 latency_table.append(
-                    f"| {label} | {batch} | {statistics.median(base.rounds):.3f} | {ratio(kiln, base)} "
-                    f"| {ratio(slim, base)} | {ratio(ort_basic, base)} | {ratio(kiln, slim)} | {ratio(kiln, ort_basic)} |"
+                    f"| {label} | {batch} | {statistics.median(base.rounds):.3f} | " + " | ".join(cells) + " |"
                 )
                 print(latency_table[-1], file=sys.stderr)
     print(f"Kiln ONNX optimiser benchmark — {time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} CPUs")

@@ -40,7 +40,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from bench_optimizer import Variant, export_unfolded, node_count, resnetish_module, session, time_once  # noqa: E402
+from bench_optimizer import Variant, export_unfolded, node_count, resnetish_module, session, time_variants  # noqa: E402
+
+from kiln_testing.timing import ratio_cell  # noqa: E402
 
 CONTRIB = ("Attention", "MultiHeadAttention", "BiasGelu", "Gelu", "FastGelu", "SkipLayerNormalization")
 
@@ -210,16 +212,11 @@ def main() -> None:
             slim = next(v for v in variants if v.label == "onnxslim")
             for batch in batches:
                 feed = feeds(batch)
+                time_variants(variants, feed, args.rounds, args.seconds, time.thread_time)
                 for v in variants:
-                    v.rounds = []
-                for r in range(args.rounds):
-                    for v in variants if r % 2 == 0 else list(reversed(variants)):
-                        v.rounds.append(time_once(v, feed, args.seconds, time.thread_time))
-                for v in variants:
-                    rs = [x / y for x, y in zip(v.rounds, slim.rounds, strict=True)]
                     lat_table.append(
                         f"| {label} | {batch} | {v.label} | {statistics.median(v.rounds):.3f} "
-                        f"| {statistics.median(rs):.3f} ({min(rs):.2f}-{max(rs):.2f}) |"
+                        f"| {ratio_cell(v.rounds, slim.rounds, '.3f')} |"
                     )
                     print(lat_table[-1], file=sys.stderr)
     print(
