@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+from kiln_testing.models import with_bn_statistics  # noqa: E402
 from kiln_testing.timing import ratio_cell, run_by_run  # noqa: E402
 
 MNN_PRECISIONS = ("fp32", "fp16", "int8")
@@ -123,16 +124,7 @@ def _mobilenet_like() -> Any:
 
 
 def _with_bn_statistics(model: Any) -> Any:
-    import torch
-
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, torch.nn.BatchNorm2d):
-                m.running_mean.uniform_(-0.2, 0.2)
-                m.running_var.uniform_(0.5, 1.5)
-                m.weight.uniform_(0.5, 1.0)
-                m.bias.uniform_(-0.1, 0.1)
-    return model
+    return with_bn_statistics(model, mean=(-0.2, 0.2), var=(0.5, 1.5), weight=(0.5, 1.0), bias=(-0.1, 0.1))
 
 
 def _image(size: int) -> Feeds:

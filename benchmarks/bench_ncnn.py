@@ -78,14 +78,10 @@ def _resnet_like() -> Any:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.head(self.body(self.stem(x)).mean((2, 3)))
 
+    from kiln_testing.models import with_bn_statistics
+
     torch.manual_seed(0)
-    model = Net()
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.uniform_(-0.2, 0.2)
-                m.running_var.uniform_(0.5, 2.0)
-    return model.eval()
+    return with_bn_statistics(Net(), mean=(-0.2, 0.2)).eval()
 
 
 def _encoder(layers: int, d_model: int, heads: int) -> Any:

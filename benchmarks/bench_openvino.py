@@ -30,28 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+from kiln_testing.models import medium_cnn_module  # noqa: E402
 from kiln_testing.timing import ratio_spread, run_by_run  # noqa: E402
-
-
-def medium_cnn_module():
-    """A wider CNN than the tests' (32-64-128 channels at 64x64): enough work to time."""
-    import torch
-
-    torch.manual_seed(0)
-    nn = torch.nn
-
-    def block(cin: int, cout: int) -> Any:
-        return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU(), nn.MaxPool2d(2))
-
-    model = nn.Sequential(
-        block(3, 32), block(32, 64), block(64, 128), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10)
-    )
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.uniform_(-0.5, 0.5)
-                m.running_var.uniform_(0.5, 2.0)
-    return model.eval()
 
 
 def build_models(tmp: Path) -> list[tuple[str, Path, tuple[int, ...]]]:

@@ -37,50 +37,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+from kiln_testing.models import export_unfolded, resnetish_module  # noqa: E402
 from kiln_testing.timing import in_blocks, ratio_cell  # noqa: E402
 
 # --- models ----------------------------------------------------------------------------
-
-
-def resnetish_module() -> Any:
-    """A small ResNet: stem + 3 stages x 2 basic blocks (16-32-64 channels), BatchNorm with real statistics."""
-    import torch
-
-    torch.manual_seed(0)
-    nn = torch.nn
-
-    class Block(nn.Module):
-        def __init__(self, cin: int, cout: int, stride: int) -> None:
-            super().__init__()
-            self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-            self.b1 = nn.BatchNorm2d(cout)
-            self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-            self.b2 = nn.BatchNorm2d(cout)
-            self.skip = (
-                nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-                if stride != 1 or cin != cout
-                else nn.Identity()
-            )
-
-        def forward(self, x: Any) -> Any:
-            y = torch.relu(self.b1(self.c1(x)))
-            return torch.relu(self.b2(self.c2(y)) + self.skip(x))
-
-    layers: list[Any] = [nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU()]
-    cin = 16
-    for cout, stride in ((16, 1), (32, 2), (64, 2)):
-        layers += [Block(cin, cout, stride), Block(cout, cout, 1)]
-        cin = cout
-    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.1), nn.Linear(64, 10)]
-    model = nn.Sequential(*layers)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.uniform_(-0.5, 0.5)
-                m.running_var.uniform_(0.5, 2.0)
-                m.weight.uniform_(0.5, 1.5)
-                m.bias.uniform_(-0.2, 0.2)
-    return model.eval()
 
 
 def encoder_stack_module(layers: int = 4, d_model: int = 128, heads: int = 4) -> Any:
@@ -91,25 +51,6 @@ def encoder_stack_module(layers: int = 4, d_model: int = 128, heads: int = 4) ->
 
     torch.manual_seed(0)
     return torch.nn.Sequential(*[tiny_transformer_module(d_model, heads) for _ in range(layers)]).eval()
-
-
-def export_unfolded(module: Any, example: Any, path: Path) -> Path:
-    """TorchScript export that keeps BatchNorm and constants as the module has them (no exporter folding)."""
-    import torch
-
-    torch.onnx.export(
-        module,
-        (example,),
-        str(path),
-        input_names=["input"],
-        output_names=["output"],
-        dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}},
-        opset_version=17,
-        dynamo=False,
-        training=torch.onnx.TrainingMode.PRESERVE,
-        do_constant_folding=False,
-    )
-    return path
 
 
 def export_dynamo(module: Any, example: Any, path: Path) -> Path:

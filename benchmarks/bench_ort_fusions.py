@@ -40,8 +40,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from bench_optimizer import Variant, export_unfolded, node_count, resnetish_module, session, time_variants  # noqa: E402
+from bench_optimizer import Variant, node_count, session, time_variants  # noqa: E402
 
+from kiln_testing.models import export_unfolded, resnetish_module  # noqa: E402
 from kiln_testing.timing import ratio_cell  # noqa: E402
 
 CONTRIB = ("Attention", "MultiHeadAttention", "BiasGelu", "Gelu", "FastGelu", "SkipLayerNormalization")
