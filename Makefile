@@ -78,10 +78,10 @@ test: setup triton-server pipeline-venvs openapi-client-venv
 	$(BIN)/python -m pytest
 
 lint: setup
-	$(BIN)/ruff check api services workers cli tests benchmarks docker clients
-	$(BIN)/ruff format --check api services workers cli tests benchmarks docker clients
+	$(BIN)/ruff check api services workers cli tests benchmarks kiln_testing docker clients
+	$(BIN)/ruff format --check api services workers cli tests benchmarks kiln_testing docker clients
 
-# The packages' sources (pyproject's [tool.mypy] files); tests and benchmarks are scripts.
+# The packages' sources (pyproject's [tool.mypy] files); tests, benchmarks and kiln_testing are scripts.
 typecheck: setup
 	$(BIN)/mypy
 
@@ -92,6 +92,7 @@ lock-triton: triton-server
 	{ grep '^#' constraints-triton.txt; $(TRITON_VENV)/bin/pip freeze; } > constraints-triton.txt.new \
 		&& mv constraints-triton.txt.new constraints-triton.txt
 
+# Every benchmarks/bench_*.py with its arguments (`python benchmarks/run_all.py --list`); minutes to hours.
 benchmarks: setup
 	$(BIN)/python benchmarks/run_all.py
 

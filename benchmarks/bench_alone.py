@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_alone.py [--rounds 3] [--iterations 200]
 
 Three cases, side by side in alternating order, each compiling a BERT-class model (transformers,
-random weights, TorchScript export: benchmarks/transformer_models.py) to onnxruntime with its
+random weights, TorchScript export: kiln_testing/transformer_models.py) to onnxruntime with its
 latency benchmark (batch 1 and 8):
 
 - ``quiet``: nothing else runs on the host (the baseline);
@@ -34,8 +34,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 NEIGHBOUR = """
@@ -82,8 +80,8 @@ def _compile_once(model: Path, work: Path, iterations: int, tag: str) -> list[di
 
 
 def main() -> None:
-    from models import tiny_cnn_onnx
-    from transformer_models import torch_transformer
+    from kiln_testing.models import tiny_cnn_onnx
+    from kiln_testing.transformer_models import torch_transformer
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)

@@ -37,7 +37,7 @@ MIB = 1 << 20
 
 
 def make_model(path: Path, size: int) -> None:
-    """Save ResNet50(weights=None) with BatchNorm statistics of random images (as tests/tf_models.py does)."""
+    """Save ResNet50(weights=None) with BatchNorm statistics of random images (as kiln_testing/tf_models.py does)."""
     import numpy as np
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

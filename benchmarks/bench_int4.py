@@ -23,7 +23,6 @@ import platform
 import statistics
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,8 +31,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+from kiln_testing.timing import ratio_cell, run_by_run  # noqa: E402
 
 PRECISIONS = ("fp32", "int8", "int4")
 TARGETS = ("onnxruntime", "openvino")
@@ -89,28 +89,9 @@ def interleave(variants: list[Variant], ids: np.ndarray, rounds: int, seconds: f
     """Time the variants run by run, rotating who goes first; each round keeps each one's median (ms)."""
     # Keyed by each runner's own input name: a compiled OpenVINO model may list an alias
     # (another tensor name of the same port) before "input_ids".
-    feeds = [{v.runner.inputs[0].name: ids} for v in variants]
-    for v, feed in zip(variants, feeds, strict=True):
-        for _ in range(3):
-            v.runner.run(feed)
-    n = len(variants)
-    for _ in range(rounds):
-        times: list[list[float]] = [[] for _ in variants]
-        start = time.perf_counter()
-        i = 0
-        while i < 10 * n or time.perf_counter() - start < seconds * n:
-            k = (i + i // n) % n
-            t0 = time.perf_counter()
-            variants[k].runner.run(feeds[k])
-            times[k].append(time.perf_counter() - t0)
-            i += 1
-        for v, ts in zip(variants, times, strict=True):
-            v.rounds.append(statistics.median(ts) * 1e3)
-
-
-def ratio(a: Variant, b: Variant) -> str:
-    rs = [x / y for x, y in zip(a.rounds, b.rounds, strict=True)]
-    return f"{statistics.median(rs):.2f} ({min(rs):.2f}-{max(rs):.2f})"
+    entries = [(v.runner, {v.runner.inputs[0].name: ids}) for v in variants]
+    for v, medians in zip(variants, run_by_run(entries, rounds, seconds, min_cycles=10, rotate=True), strict=True):
+        v.rounds.extend(medians)
 
 
 def main() -> None:
@@ -125,9 +106,10 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=64)
     args = ap.parse_args()
 
-    import models
     import onnxruntime
     import openvino
+
+    from kiln_testing import models
 
     models.GPT2_VOCAB = args.vocab
     with tempfile.TemporaryDirectory() as d:
@@ -158,8 +140,8 @@ def main() -> None:
                 v = row[p]
                 print(
                     f"| {target} | {p} | {v.size / 2**20:.2f} | {v.size / row['fp32'].size:.2f} | "
-                    f"{statistics.median(v.rounds):.2f} | {ratio(v, row['fp32'])} | "
-                    f"{ratio(v, row['int8']) if p == 'int4' else '-'} | {v.cosine:.4f} |"
+                    f"{statistics.median(v.rounds):.2f} | {ratio_cell(v.rounds, row['fp32'].rounds)} | "
+                    f"{ratio_cell(v.rounds, row['int8'].rounds) if p == 'int4' else '-'} | {v.cosine:.4f} |"
                 )
 
 

@@ -1,10 +1,10 @@
 """MNN against onnxruntime: latency ratios, parity and size of Kiln's mnn artifacts at fp32, fp16 and int8.
 
-Models (random weights, built here or in tests/models.py, nothing downloaded): the tests'
+Models (random weights, built here or in kiln_testing/models.py, nothing downloaded): the tests'
 tiny CNN (32x32) and transformer block (16 tokens x 32), a ResNet-18-like CNN and a
 MobileNetV2-like CNN (depthwise-separable, inverted residuals) on 112x112 images, a
-GPT-2-class LM (tests/models.py's, n_embd 256, 4 layers, 64 tokens) and a BERT-class encoder
-(transformers' BertModel, hidden 256, 4 layers, 64 tokens; benchmarks/transformer_models.py). Each is compiled by Kiln (``compile_model``, what the
+GPT-2-class LM (kiln_testing/models.py's, n_embd 256, 4 layers, 64 tokens) and a BERT-class encoder
+(transformers' BertModel, hidden 256, 4 layers, 64 tokens; kiln_testing/transformer_models.py). Each is compiled by Kiln (``compile_model``, what the
 CLI and the workers call) for onnxruntime at fp32 and for mnn at fp32, fp16 and int8, so the
 artifacts are exactly what Kiln publishes. Every artifact runs through Kiln's runner of its
 engine (same request path) with the same thread count; the variants take turns run by run
@@ -34,9 +34,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+from kiln_testing.models import with_bn_statistics  # noqa: E402
+from kiln_testing.timing import ratio_cell, run_by_run  # noqa: E402
 
 MNN_PRECISIONS = ("fp32", "fp16", "int8")
 Feeds = Callable[[int], dict[str, np.ndarray]]
@@ -123,16 +124,7 @@ def _mobilenet_like() -> Any:
 
 
 def _with_bn_statistics(model: Any) -> Any:
-    import torch
-
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, torch.nn.BatchNorm2d):
-                m.running_mean.uniform_(-0.2, 0.2)
-                m.running_var.uniform_(0.5, 1.5)
-                m.weight.uniform_(0.5, 1.0)
-                m.bias.uniform_(-0.1, 0.1)
-    return model
+    return with_bn_statistics(model, mean=(-0.2, 0.2), var=(0.5, 1.5), weight=(0.5, 1.0), bias=(-0.1, 0.1))
 
 
 def _image(size: int) -> Feeds:
@@ -140,8 +132,9 @@ def _image(size: int) -> Feeds:
 
 
 def build_models(tmp: Path, which: list[str]) -> list[tuple[str, Path, Feeds]]:
-    import models as test_models
     import torch
+
+    from kiln_testing import models as test_models
 
     out: list[tuple[str, Path, Feeds]] = []
     if "tiny-cnn" in which:
@@ -162,7 +155,7 @@ def build_models(tmp: Path, which: list[str]) -> list[tuple[str, Path, Feeds]]:
         ids = lambda b: {"input_ids": np.random.default_rng(b).integers(0, 8192, (b, 64)).astype(np.int64)}  # noqa: E731
         out.append(("GPT-2-class (n_embd 256, 4 layers, vocab 8192), 64 tokens", path, ids))
     if "bert" in which:
-        from transformer_models import torch_transformer
+        from kiln_testing.transformer_models import torch_transformer
 
         path, feeds = torch_transformer("bert", "torchscript", tmp / "bert.onnx")
         out.append(("BERT-class (hidden 256, 4 layers), 64 tokens", path, feeds))
@@ -213,27 +206,10 @@ def interleave(variants: list[Variant], feed: dict[str, np.ndarray], rounds: int
     batch 8, 9.9 ms of CPU in 30 ms of wall; at batch 1, 1.5 ms in 1.5 ms), which would
     favour whichever engine is faster. Both engines run one thread on the caller's thread.
     """
-    for v in variants:
-        for _ in range(3):
-            v.runner.run(feed)
-    n = len(variants)
-    for _ in range(rounds):
-        times: list[list[float]] = [[] for _ in variants]
-        start = time.perf_counter()
-        i = 0
-        while i < 10 * n or time.perf_counter() - start < seconds * n:
-            k = (i + i // n) % n
-            t0 = time.process_time()
-            variants[k].runner.run(feed)
-            times[k].append(time.process_time() - t0)
-            i += 1
-        for v, ts in zip(variants, times, strict=True):
-            v.rounds.append(statistics.median(ts) * 1e3)
-
-
-def ratio(a: Variant, b: Variant) -> str:
-    rs = [x / y for x, y in zip(a.rounds, b.rounds, strict=True)]
-    return f"{statistics.median(rs):.2f} ({min(rs):.2f}-{max(rs):.2f})"
+    entries = [(v.runner, feed) for v in variants]
+    medians = run_by_run(entries, rounds, seconds, min_cycles=10, rotate=True, clock=time.process_time)
+    for v, ms in zip(variants, medians, strict=True):
+        v.rounds.extend(ms)
 
 
 def main() -> None:
@@ -274,7 +250,7 @@ def main() -> None:
             cells = []
             for p in MNN_PRECISIONS:
                 v = by.get(f"mnn {p}")
-                cells.append(ratio(v, ort) + (f" ({v.note})" if v.note else "") if v else "failed")
+                cells.append(ratio_cell(v.rounds, ort.rounds) + (f" ({v.note})" if v.note else "") if v else "failed")
             cos = " / ".join(f"{by[f'mnn {p}'].cosine:.5f}" if f"mnn {p}" in by else "-" for p in MNN_PRECISIONS)
             sizes = " / ".join(
                 f"{v.size / 1024:.0f} KiB" for v in [ort, *(by[f"mnn {p}"] for p in MNN_PRECISIONS if f"mnn {p}" in by)]

@@ -1,6 +1,6 @@
 """Benchmark Kiln's ncnn artifacts against onnxruntime on the same models; prints markdown tables.
 
-Each model (random weights, built here or by tests/models.py) is exported to ONNX once and
+Each model (random weights, built here or by kiln_testing/models.py) is exported to ONNX once and
 compiled by Kiln (in process, parity against onnxruntime on the source included) to the
 onnxruntime target at fp32 and to the ncnn target at fp32 and fp16. The published artifacts
 are then timed through Kiln's own runners, as its benchmark step times them:
@@ -36,7 +36,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+
+from kiln_testing.timing import median_ratio, run_by_run  # noqa: E402
 
 BATCHES = (1, 8)
 
@@ -77,19 +78,16 @@ def _resnet_like() -> Any:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.head(self.body(self.stem(x)).mean((2, 3)))
 
+    from kiln_testing.models import with_bn_statistics
+
     torch.manual_seed(0)
-    model = Net()
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.uniform_(-0.2, 0.2)
-                m.running_var.uniform_(0.5, 2.0)
-    return model.eval()
+    return with_bn_statistics(Net(), mean=(-0.2, 0.2)).eval()
 
 
 def _encoder(layers: int, d_model: int, heads: int) -> Any:
     import torch
-    from models import tiny_transformer_module
+
+    from kiln_testing.models import tiny_transformer_module
 
     model = torch.nn.Sequential(*(tiny_transformer_module(d_model, heads) for _ in range(layers))).eval()
     # tiny_transformer_module seeds torch, so the blocks would be identical (and ONNX would store
@@ -102,7 +100,7 @@ def _encoder(layers: int, d_model: int, heads: int) -> Any:
 
 
 def _models() -> dict[str, tuple[Callable[[], Any], tuple[int, ...]]]:
-    from models import tiny_cnn_module, tiny_transformer_module
+    from kiln_testing.models import tiny_cnn_module, tiny_transformer_module
 
     return {
         "tests' CNN 3x32x32": (tiny_cnn_module, (3, 32, 32)),
@@ -132,21 +130,8 @@ def _compile(src: Path, targets: list[str], precision: str, store: Any, repo_dir
 
 def _time(runners: dict[str, Any], feed: dict[str, np.ndarray], rounds: int, seconds: float) -> dict[str, list[float]]:
     """Return per-round median latency (ms) of each runner; runners alternate run by run."""
-    for r in runners.values():
-        for _ in range(3):
-            r.run(feed)
-    medians: dict[str, list[float]] = {k: [] for k in runners}
-    for _ in range(rounds):
-        samples: dict[str, list[float]] = {k: [] for k in runners}
-        end = time.perf_counter() + seconds * len(runners)
-        while time.perf_counter() < end:
-            for name, r in runners.items():
-                t0 = time.perf_counter()
-                r.run(feed)
-                samples[name].append((time.perf_counter() - t0) * 1e3)
-        for name, s in samples.items():
-            medians[name].append(statistics.median(s))
-    return medians
+    medians = run_by_run([(r, feed) for r in runners.values()], rounds, seconds)
+    return dict(zip(runners, medians, strict=True))
 
 
 def main() -> int:
@@ -159,8 +144,8 @@ def main() -> int:
 
     import onnxruntime
     import torch
-    from models import export_onnx
 
+    from kiln_testing.models import export_onnx
     from services.runners.ncnn import NcnnRunner
     from services.runners.onnx import OnnxRuntimeRunner
     from services.storage import LocalArtifactStore
@@ -198,8 +183,8 @@ def main() -> int:
             for batch in BATCHES:
                 feed = {name: np.random.default_rng(batch).standard_normal((batch, *sample)).astype(np.float32)}
                 med = _time(runners, feed, args.rounds, args.seconds)
-                r32 = statistics.median(a / b for a, b in zip(med["ncnn32"], med["ort"], strict=True))
-                r16 = statistics.median(a / b for a, b in zip(med["ncnn16"], med["ort"], strict=True))
+                r32 = median_ratio(med["ncnn32"], med["ort"])
+                r16 = median_ratio(med["ncnn16"], med["ort"])
                 p = {k: statistics.median(v) for k, v in med.items()}
                 print(
                     f"| {label} | {batch} | {p['ort']:.3f} | {p['ncnn32']:.3f} | **{r32:.2f}** | "

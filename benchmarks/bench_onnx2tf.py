@@ -30,10 +30,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from models import BERT_VOCAB, tiny_bert_module, tiny_transformer_onnx  # noqa: E402
+from kiln_testing.models import BERT_VOCAB, tiny_bert_module, tiny_transformer_onnx  # noqa: E402
 
 CONVERT = "onnx-to-savedmodel"
 LARGER = {

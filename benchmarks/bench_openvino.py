@@ -20,7 +20,6 @@ import platform
 import statistics
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,35 +28,17 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-
-def medium_cnn_module():
-    """A wider CNN than the tests' (32-64-128 channels at 64x64): enough work to time."""
-    import torch
-
-    torch.manual_seed(0)
-    nn = torch.nn
-
-    def block(cin: int, cout: int) -> Any:
-        return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU(), nn.MaxPool2d(2))
-
-    model = nn.Sequential(
-        block(3, 32), block(32, 64), block(64, 128), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10)
-    )
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.uniform_(-0.5, 0.5)
-                m.running_var.uniform_(0.5, 2.0)
-    return model.eval()
+from kiln_testing.models import medium_cnn_module  # noqa: E402
+from kiln_testing.timing import ratio_spread, run_by_run  # noqa: E402
 
 
 def build_models(tmp: Path) -> list[tuple[str, Path, tuple[int, ...]]]:
     """Return (label, onnx path, input shape at batch 1) for each benchmarked model."""
     import torch
-    from models import export_onnx, tiny_cnn_onnx, tiny_transformer_module, tiny_transformer_onnx
+
+    from kiln_testing.models import export_onnx, tiny_cnn_onnx, tiny_transformer_module, tiny_transformer_onnx
 
     return [
         ("tiny CNN (tests)", tiny_cnn_onnx(tmp / "cnn.onnx"), (1, 3, 32, 32)),
@@ -152,33 +133,14 @@ class Variant:
 
 
 def interleave(variants: list[Variant], rounds: int, seconds: float) -> None:
-    """Time all variants run by run (A B C, C A B, ...) so load changes hit them alike.
+    """Time all variants run by run (A B C, B C A, ...) so load changes hit them alike.
 
     Each round records every variant's median latency (ms) over the round's runs; a round
     lasts about ``seconds`` per variant and has at least 20 runs of each.
     """
-    for v in variants:
-        for _ in range(3):
-            v.runner.run(v.feed)
-    n = len(variants)
-    for _ in range(rounds):
-        times: list[list[float]] = [[] for _ in variants]
-        start = time.perf_counter()
-        i = 0
-        while i < 20 * n or time.perf_counter() - start < seconds * n:
-            k = (i + i // n) % n  # rotate who goes first each cycle
-            t0 = time.perf_counter()
-            variants[k].runner.run(variants[k].feed)
-            times[k].append(time.perf_counter() - t0)
-            i += 1
-        for v, ts in zip(variants, times, strict=True):
-            v.rounds.append(statistics.median(ts) * 1e3)
-
-
-def ratio(a: Variant, b: Variant) -> tuple[float, float, float]:
-    """Return median, min and max over rounds of a/b."""
-    rs = [x / y for x, y in zip(a.rounds, b.rounds, strict=True)]
-    return statistics.median(rs), min(rs), max(rs)
+    entries = [(v.runner, v.feed) for v in variants]
+    for v, ms in zip(variants, run_by_run(entries, rounds, seconds, min_cycles=20, rotate=True), strict=True):
+        v.rounds.extend(ms)
 
 
 def main() -> None:
@@ -247,10 +209,10 @@ def main() -> None:
                 kiln32_default = variant("kiln fp32 default", fp32_xml, "default")
                 interleave([direct, kiln32, kiln8, kiln8_default, kiln32_default], args.rounds, args.seconds)
                 med = {v.label: statistics.median(v.rounds) for v in (direct, kiln32, kiln8)}
-                r1 = ratio(kiln32, direct)
-                r2 = ratio(kiln8, kiln32)
-                r3 = ratio(kiln8_default, kiln32)
-                r4 = ratio(kiln32_default, kiln32)
+                r1 = ratio_spread(kiln32.rounds, direct.rounds)
+                r2 = ratio_spread(kiln8.rounds, kiln32.rounds)
+                r3 = ratio_spread(kiln8_default.rounds, kiln32.rounds)
+                r4 = ratio_spread(kiln32_default.rounds, kiln32.rounds)
                 table1.append(
                     f"| {label} | {batch} | {med['direct']:.3f} | {med['kiln fp32']:.3f} "
                     f"| **{r1[0]:.3f}** ({r1[1]:.2f}-{r1[2]:.2f}) | {ops[0]} / {ops[1]} | {route} |"

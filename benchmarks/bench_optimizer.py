@@ -27,6 +27,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,80 +35,22 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+from kiln_testing.models import export_unfolded, resnetish_module  # noqa: E402
+from kiln_testing.timing import in_blocks, ratio_cell  # noqa: E402
 
 # --- models ----------------------------------------------------------------------------
-
-
-def resnetish_module() -> Any:
-    """A small ResNet: stem + 3 stages x 2 basic blocks (16-32-64 channels), BatchNorm with real statistics."""
-    import torch
-
-    torch.manual_seed(0)
-    nn = torch.nn
-
-    class Block(nn.Module):
-        def __init__(self, cin: int, cout: int, stride: int) -> None:
-            super().__init__()
-            self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-            self.b1 = nn.BatchNorm2d(cout)
-            self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-            self.b2 = nn.BatchNorm2d(cout)
-            self.skip = (
-                nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-                if stride != 1 or cin != cout
-                else nn.Identity()
-            )
-
-        def forward(self, x: Any) -> Any:
-            y = torch.relu(self.b1(self.c1(x)))
-            return torch.relu(self.b2(self.c2(y)) + self.skip(x))
-
-    layers: list[Any] = [nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU()]
-    cin = 16
-    for cout, stride in ((16, 1), (32, 2), (64, 2)):
-        layers += [Block(cin, cout, stride), Block(cout, cout, 1)]
-        cin = cout
-    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.1), nn.Linear(64, 10)]
-    model = nn.Sequential(*layers)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.uniform_(-0.5, 0.5)
-                m.running_var.uniform_(0.5, 2.0)
-                m.weight.uniform_(0.5, 1.5)
-                m.bias.uniform_(-0.2, 0.2)
-    return model.eval()
 
 
 def encoder_stack_module(layers: int = 4, d_model: int = 128, heads: int = 4) -> Any:
     """``layers`` transformer encoder blocks (the tests' block, wider)."""
     import torch
-    from models import tiny_transformer_module
+
+    from kiln_testing.models import tiny_transformer_module
 
     torch.manual_seed(0)
     return torch.nn.Sequential(*[tiny_transformer_module(d_model, heads) for _ in range(layers)]).eval()
-
-
-def export_unfolded(module: Any, example: Any, path: Path) -> Path:
-    """TorchScript export that keeps BatchNorm and constants as the module has them (no exporter folding)."""
-    import torch
-
-    torch.onnx.export(
-        module,
-        (example,),
-        str(path),
-        input_names=["input"],
-        output_names=["output"],
-        dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}},
-        opset_version=17,
-        dynamo=False,
-        training=torch.onnx.TrainingMode.PRESERVE,
-        do_constant_folding=False,
-    )
-    return path
 
 
 def export_dynamo(module: Any, example: Any, path: Path) -> Path:
@@ -161,8 +104,9 @@ def _fixed(build: Callable[[], Path], shape: tuple[int, ...]) -> Callable[[], tu
 def build_models(tmp: Path) -> list[tuple[str, Callable[[], tuple[Path, Feeds]], tuple[int, ...]]]:
     """Return (label, builder, batches) per model; builders run lazily (``--only`` skips the rest)."""
     import torch
-    from models import export_onnx, tiny_cnn_onnx, tiny_transformer_onnx
-    from transformer_models import keras_transformer, torch_transformer
+
+    from kiln_testing.models import export_onnx, tiny_cnn_onnx, tiny_transformer_onnx
+    from kiln_testing.transformer_models import keras_transformer, torch_transformer
 
     models: list[tuple[str, Callable[[], tuple[Path, Feeds]], tuple[int, ...]]] = [
         ("tiny CNN (tests; exporter folded BN)", _fixed(lambda: tiny_cnn_onnx(tmp / "cnn.onnx"), (3, 32, 32)), (1,)),
@@ -297,22 +241,14 @@ def worst_relative_diff(a: Any, b: Any, feeds: list[dict[str, np.ndarray]]) -> f
     return worst
 
 
-def time_once(v: Variant, feed: dict[str, np.ndarray], seconds: float, clock: Callable[[], float]) -> float:
-    """Return the median latency (ms, by ``clock``) of as many runs as fit in ``seconds`` (at least 5)."""
-    for _ in range(2):
-        v.session.run(None, feed)
-    times = []
-    start = time.perf_counter()
-    while len(times) < 5 or time.perf_counter() - start < seconds:
-        t0 = clock()
-        v.session.run(None, feed)
-        times.append(clock() - t0)
-    return statistics.median(times) * 1e3
-
-
-def ratio(a: Variant, base: Variant) -> str:
-    rs = [x / y for x, y in zip(a.rounds, base.rounds, strict=True)]
-    return f"{statistics.median(rs):.3f} ({min(rs):.2f}-{max(rs):.2f})"
+def time_variants(
+    variants: list[Variant], feed: dict[str, np.ndarray], rounds: int, seconds: float, clock: Any
+) -> None:
+    """Set each variant's ``rounds``: its median latency (ms, by ``clock``) per round, in blocks of ``seconds``."""
+    calls = {i: partial(v.session.run, None, feed) for i, v in enumerate(variants)}
+    ms = in_blocks(calls, rounds, seconds, warmup=2, clock=clock)
+    for i, v in enumerate(variants):
+        v.rounds = ms[i]
 
 
 def main() -> None:
@@ -379,15 +315,12 @@ def main() -> None:
                 v.session = session(v.model, args.threads)
             for batch in batches:
                 feed = feeds(batch)
-                for v in variants:
-                    v.rounds = []
-                for r in range(args.rounds):
-                    for v in variants if r % 2 == 0 else list(reversed(variants)):
-                        v.rounds.append(time_once(v, feed, args.seconds, clock))
+                time_variants(variants, feed, args.rounds, args.seconds, clock)
                 base, kiln, slim, ort_basic = variants
+                pairs = ((kiln, base), (slim, base), (ort_basic, base), (kiln, slim), (kiln, ort_basic))
+                cells = [ratio_cell(a.rounds, b.rounds, ".3f") for a, b in pairs]
                 latency_table.append(
-                    f"| {label} | {batch} | {statistics.median(base.rounds):.3f} | {ratio(kiln, base)} "
-                    f"| {ratio(slim, base)} | {ratio(ort_basic, base)} | {ratio(kiln, slim)} | {ratio(kiln, ort_basic)} |"
+                    f"| {label} | {batch} | {statistics.median(base.rounds):.3f} | " + " | ".join(cells) + " |"
                 )
                 print(latency_table[-1], file=sys.stderr)
     print(f"Kiln ONNX optimiser benchmark — {time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} CPUs")

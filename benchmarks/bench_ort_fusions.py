@@ -38,19 +38,21 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from bench_optimizer import Variant, export_unfolded, node_count, resnetish_module, session, time_once  # noqa: E402
+from bench_optimizer import Variant, node_count, session, time_variants  # noqa: E402
+
+from kiln_testing.models import export_unfolded, resnetish_module  # noqa: E402
+from kiln_testing.timing import ratio_cell  # noqa: E402
 
 CONTRIB = ("Attention", "MultiHeadAttention", "BiasGelu", "Gelu", "FastGelu", "SkipLayerNormalization")
 
 
 def _models(cache: Path, biases: str) -> list[tuple[str, Callable[[], tuple[Path, Any]], tuple[int, ...]]]:
     import numpy as np
-    from models import tiny_cnn_onnx
-    from transformer_models import keras_transformer, torch_transformer
+
+    from kiln_testing.models import tiny_cnn_onnx
+    from kiln_testing.transformer_models import keras_transformer, torch_transformer
 
     def cnn_feeds(shape: tuple[int, ...]) -> Any:
         return lambda b: {"input": np.random.default_rng(b).standard_normal((b, *shape)).astype(np.float32)}
@@ -211,16 +213,11 @@ def main() -> None:
             slim = next(v for v in variants if v.label == "onnxslim")
             for batch in batches:
                 feed = feeds(batch)
+                time_variants(variants, feed, args.rounds, args.seconds, time.thread_time)
                 for v in variants:
-                    v.rounds = []
-                for r in range(args.rounds):
-                    for v in variants if r % 2 == 0 else list(reversed(variants)):
-                        v.rounds.append(time_once(v, feed, args.seconds, time.thread_time))
-                for v in variants:
-                    rs = [x / y for x, y in zip(v.rounds, slim.rounds, strict=True)]
                     lat_table.append(
                         f"| {label} | {batch} | {v.label} | {statistics.median(v.rounds):.3f} "
-                        f"| {statistics.median(rs):.3f} ({min(rs):.2f}-{max(rs):.2f}) |"
+                        f"| {ratio_cell(v.rounds, slim.rounds, '.3f')} |"
                     )
                     print(lat_table[-1], file=sys.stderr)
     print(

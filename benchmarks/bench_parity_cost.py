@@ -1,6 +1,6 @@
 """What the verifier's checks cost per target, against the export step itself, side by side.
 
-For each real model (benchmarks/real_models.py) this compiles one onnxruntime and one
+For each real model (kiln_testing/real_models.py) this compiles one onnxruntime and one
 openvino artifact at fp32 (benchmark off), then times on the same reference outputs:
 
 - the previous comparison (one flattened max-abs / cosine / top-1 over all samples, kept
@@ -28,11 +28,9 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import real_models
-
+from kiln_testing import real_models
 from services.formats import Format
 from services.pipeline import compile_model
 from services.repository.local import LocalModelRepository

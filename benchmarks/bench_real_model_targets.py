@@ -1,6 +1,6 @@
 """Per-target pass rate of real pretrained ONNX models, with concrete input shapes given (issue 19).
 
-Each model from benchmarks/real_models.py (PyPI wheels, fetched by pip, never committed) is
+Each model from kiln_testing/real_models.py (PyPI wheels, fetched by pip, never committed) is
 compiled by Kiln at fp32 for the chosen targets with 8 realistic samples as calibration data
 and every input pinned to those samples' shapes at batch 1 (as a user passing
 `--input x:1x3x480x640` would). Each cell is either published (Kiln's parity gate checked it
@@ -23,10 +23,9 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import real_models
-
+from kiln_testing import real_models
 from services.pipeline import compile_model
 from services.repository.local import LocalModelRepository
 from services.spec import load_spec

@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 _WORKER = r"""
 import json, os, shutil, sys, time
 from pathlib import Path
-sys.path.insert(0, os.environ["KILN_BENCH_TESTS"])
-from models import tiny_cnn_onnx
+sys.path.insert(0, os.environ["KILN_BENCH_ROOT"])
+from kiln_testing.models import tiny_cnn_onnx
 from services.graph.planner import PlanStep
 from services.settings import Settings
 from services.storage import LocalArtifactStore
@@ -71,7 +71,7 @@ def _start(mode: str, root: Path) -> subprocess.Popen[str]:
         **os.environ,
         "KILN_SANDBOX": mode,
         "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}",
-        "KILN_BENCH_TESTS": str(ROOT / "tests"),
+        "KILN_BENCH_ROOT": str(ROOT),
     }
     env["KILN_HOST_LOCK_DIR"] = str(root / f"locks-{mode}")
     return subprocess.Popen(

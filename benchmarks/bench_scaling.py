@@ -102,7 +102,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="each round runs every N, in alternating order")
     args = parser.parse_args()
     os.environ["KILN_TEST_REDIS"] = args.redis  # read by jobs_support at import
-    from models import tiny_cnn_onnx
+    from kiln_testing.models import tiny_cnn_onnx
 
     with tempfile.TemporaryDirectory(prefix="bench-scaling-") as tmp:
         root = Path(tmp)

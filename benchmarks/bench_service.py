@@ -616,7 +616,7 @@ def main() -> None:
         f"OpenVINO telemetry {args.openvino_telemetry})\n"
     )
     try:
-        from models import tiny_cnn_onnx, tiny_transformer_onnx
+        from kiln_testing.models import tiny_cnn_onnx, tiny_transformer_onnx
 
         models = [
             ("tiny CNN", tiny_cnn_onnx(root / "cnn.onnx")),

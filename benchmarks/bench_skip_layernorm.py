@@ -13,10 +13,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kiln_testing.timing import in_blocks, ratio_cell  # noqa: E402
 
 
 def _model(fused: bool, hidden: int) -> Any:
@@ -56,17 +64,6 @@ def _session(model: Any) -> Any:
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
-def _median_run(session: Any, feed: dict[str, np.ndarray], seconds: float) -> float:
-    session.run(None, feed)
-    times: list[float] = []
-    started = time.perf_counter()
-    while len(times) < 20 or time.perf_counter() - started < seconds:
-        t0 = time.thread_time()
-        session.run(None, feed)
-        times.append(time.thread_time() - t0)
-    return statistics.median(times)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=9)
@@ -82,16 +79,12 @@ def main() -> None:
         feed = {n: rng.standard_normal((batch, seq, hidden)).astype(np.float32) for n in ("x", "skip")}
         plain, fused = _session(_model(False, hidden)), _session(_model(True, hidden))
         np.testing.assert_allclose(fused.run(None, feed)[0], plain.run(None, feed)[0], rtol=1e-4, atol=1e-4)
-        a: list[float] = []
-        b: list[float] = []
-        for r in range(args.rounds):
-            pair = ((plain, a), (fused, b)) if r % 2 == 0 else ((fused, b), (plain, a))
-            for session, out in pair:
-                out.append(_median_run(session, feed, args.seconds))
-        ratios = [y / x for x, y in zip(a, b, strict=True)]
+        calls = {"plain": partial(plain.run, None, feed), "fused": partial(fused.run, None, feed)}
+        ms = in_blocks(calls, args.rounds, args.seconds, at_least=20, warmup=1, clock=time.thread_time)
+        a, b = ms["plain"], ms["fused"]
         print(
-            f"| {batch} x {seq} x {hidden} | {statistics.median(a) * 1e3:.3f} | {statistics.median(b) * 1e3:.3f} "
-            f"| {statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) |"
+            f"| {batch} x {seq} x {hidden} | {statistics.median(a):.3f} | {statistics.median(b):.3f} "
+            f"| {ratio_cell(b, a)} |"
         )
 
 

@@ -43,8 +43,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from jobs_support import Proc, create_pg_database, free_port, service_env, submit, wait_http, wait_workers  # noqa: E402
-from models import tiny_cnn_onnx  # noqa: E402
 from private_servers import PrivateRedis  # noqa: E402
+
+from kiln_testing.models import tiny_cnn_onnx  # noqa: E402
 
 SPEC = {"targets": ["onnxruntime"], "benchmark": False, "name": "soak"}
 FINAL = ("succeeded", "failed", "cancelled")

@@ -28,7 +28,6 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 
 def deep_model(path: Path, depth: int) -> Path:
@@ -89,8 +88,8 @@ def main() -> None:
     args = parser.parse_args()
 
     import onnx
-    from models import tiny_cnn_onnx, tiny_transformer_onnx
 
+    from kiln_testing.models import tiny_cnn_onnx, tiny_transformer_onnx
     from services.tensorrt.qdq import make_qdq_model
 
     with tempfile.TemporaryDirectory() as tmp_dir:

@@ -33,13 +33,14 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+from kiln_testing.timing import median_ratio, run_by_run  # noqa: E402
 
 
 def build_models(tmp: Path) -> list[tuple[str, Path, tuple[int, ...]]]:
     """Return (label, .keras path, per-sample input shape) for each benchmarked model."""
-    from tf_models import IMAGE, MOBILENET_SHAPE, keras_cnn, mobilenet_v2
+    from kiln_testing.tf_models import IMAGE, MOBILENET_SHAPE, keras_cnn, mobilenet_v2
 
     return [
         ("Keras CNN 16x16 (tests' model)", keras_cnn(tmp / "cnn.keras"), IMAGE),
@@ -66,21 +67,8 @@ def time_runs(
     runners: dict[str, Any], feed: dict[str, np.ndarray], rounds: int, seconds: float
 ) -> dict[str, list[float]]:
     """Return per-round median latency (ms) of each runner; runners alternate run by run."""
-    for r in runners.values():  # warm-up
-        for _ in range(5):
-            r.run(feed)
-    medians: dict[str, list[float]] = {k: [] for k in runners}
-    for _ in range(rounds):
-        samples: dict[str, list[float]] = {k: [] for k in runners}
-        end = time.perf_counter() + seconds * len(runners)
-        while time.perf_counter() < end:
-            for name, r in runners.items():
-                t0 = time.perf_counter()
-                r.run(feed)
-                samples[name].append((time.perf_counter() - t0) * 1e3)
-        for name in runners:
-            medians[name].append(statistics.median(samples[name]))
-    return medians
+    medians = run_by_run([(r, feed) for r in runners.values()], rounds, seconds, warmup=5)
+    return dict(zip(runners, medians, strict=True))
 
 
 def precision_table(models, work: Path, args: argparse.Namespace) -> list[str]:
@@ -126,7 +114,7 @@ def precision_table(models, work: Path, args: argparse.Namespace) -> list[str]:
             got = [runner.run(f)[out_name] for f in held_out]
             agree = agreement(got, want)
             size = files[variant].stat().st_size
-            ratio = statistics.median(m / b for m, b in zip(medians[variant], medians["fp32"], strict=True))
+            ratio = median_ratio(medians[variant], medians["fp32"])
             rows.append(
                 f"| {label} | {variant} | {size:,} | {size / files['fp32'].stat().st_size:.2f} "
                 f"| {statistics.median(medians[variant]):.3f} | {ratio:.2f} | {agree['cosine']:.5f} | {agree['top1']:.0%} |"
@@ -181,7 +169,7 @@ def conversion_table(models, work: Path, args: argparse.Namespace) -> list[str]:
         k_vs_keras = agreement(got_kiln, want)
         d_vs_keras = agreement(got_direct, want)
         k_vs_d = agreement(got_kiln, got_direct)
-        ratio = statistics.median(k / d for k, d in zip(times["kiln"], times["direct"], strict=True))
+        ratio = median_ratio(times["kiln"], times["direct"])
         sizes = f"{(work / f'{path.stem}-kiln-0.tflite').stat().st_size:,} / {(work / f'{path.stem}-direct-0.tflite').stat().st_size:,}"
         rows.append(
             f"| {label} | {statistics.median(times['kiln']):.2f} | {statistics.median(times['direct']):.2f} | {ratio:.2f} "

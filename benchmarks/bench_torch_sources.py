@@ -32,15 +32,17 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+from kiln_testing.timing import in_blocks, ratio_cell  # noqa: E402
 
 
 def build_sources(tmp: Path) -> list[dict[str, Any]]:
     """Return the benchmarked sources: label, path, a batch-1 feed, and the spec's inputs."""
     import torch
-    from models import tiny_cnn_module
     from transformers import BertConfig, BertModel
+
+    from kiln_testing.models import tiny_cnn_module
 
     cnn = tiny_cnn_module()
     x = torch.randn(2, 3, 32, 32)  # export specialises a size-1 axis, so examples use 2
@@ -83,30 +85,6 @@ def build_sources(tmp: Path) -> list[dict[str, Any]]:
     ]
 
 
-def median_ms(fn: Any, seconds: float, at_least: int = 5) -> float:
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < at_least or time.perf_counter() - start < seconds:
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
-
-
-def interleaved(variants: dict[str, Any], rounds: int, seconds: float, at_least: int = 5) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {k: [] for k in variants}
-    names = list(variants)
-    for r in range(rounds):
-        for name in names if r % 2 == 0 else reversed(names):
-            out[name].append(median_ms(variants[name], seconds, at_least))
-    return out
-
-
-def ratio(a: list[float], b: list[float]) -> str:
-    rs = [x / y for x, y in zip(a, b, strict=True)]
-    return f"{statistics.median(rs):.3g} ({min(rs):.3g}-{max(rs):.3g})"
-
-
 def load_table(sources: list[dict[str, Any]], rounds: int) -> list[str]:
     import torch
 
@@ -121,7 +99,7 @@ def load_table(sources: list[dict[str, Any]], rounds: int) -> list[str]:
             continue
         path = src["path"]
         load_exported_program(path)  # warm imports for both
-        t = interleaved(
+        t = in_blocks(
             {"torch": lambda p=path: torch.export.load(str(p)), "kiln": lambda p=path: load_exported_program(p)},
             rounds,
             0.0,
@@ -129,7 +107,7 @@ def load_table(sources: list[dict[str, Any]], rounds: int) -> list[str]:
         )
         rows.append(
             f"| {src['label']} | {statistics.median(t['torch']):.0f} | {statistics.median(t['kiln']):.0f} "
-            f"| {ratio(t['kiln'], t['torch'])} |"
+            f"| {ratio_cell(t['kiln'], t['torch'], '.3g', '.3g')} |"
         )
     return rows
 
@@ -201,11 +179,13 @@ def serving_tables(
                 f"| {src['label']} | {precision} | {max(o['max_abs'] for o in outs):.2e} "
                 f"| {min(o['cosine'] for o in outs):.6f} | {f'{min(top1):.0%}' if top1 else '-'} |"
             )
-        t = interleaved(variants, rounds, seconds)
+        t = in_blocks(variants, rounds, seconds)
         med = {k: statistics.median(v) for k, v in t.items()}
         latency.append(
             f"| {src['label']} | {med['torch']:.3f} "
-            + " ".join(f"| {med[p]:.3f} | {ratio(t[p], t['torch'])}" for p in ("fp32", "fp16", "int8"))
+            + " ".join(
+                f"| {med[p]:.3f} | {ratio_cell(t[p], t['torch'], '.3g', '.3g')}" for p in ("fp32", "fp16", "int8")
+            )
             + " |"
         )
     return latency, parity

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -26,8 +25,9 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(HERE))
+
+from kiln_testing.timing import run_by_run  # noqa: E402
 
 
 def _build(onnx_path: Path, out: Path, *, fp16: bool, trials: int, shape: tuple[int, ...], name: str) -> float:
@@ -48,16 +48,9 @@ def _build(onnx_path: Path, out: Path, *, fp16: bool, trials: int, shape: tuple[
 
 
 def _time_round_robin(runners: dict[str, Any], feed: dict[str, np.ndarray], iterations: int) -> dict[str, float]:
-    for r in runners.values():
-        for _ in range(10):
-            r.run(feed)
-    samples: dict[str, list[float]] = {k: [] for k in runners}
-    for _ in range(iterations):
-        for key, r in runners.items():
-            t = time.perf_counter()
-            r.run(feed)
-            samples[key].append((time.perf_counter() - t) * 1000)
-    return {k: statistics.median(v) for k, v in samples.items()}
+    # One round of ``iterations`` cycles: each runner once per cycle, in turn.
+    medians = run_by_run([(r, feed) for r in runners.values()], 1, 0.0, warmup=10, min_cycles=iterations)
+    return {k: ms[0] for k, ms in zip(runners, medians, strict=True)}
 
 
 def main() -> int:

@@ -11,11 +11,14 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, str(Path(__file__).parent))
+# kiln_testing (models shared with the benchmarks) lives at the repository root, outside the wheel.
+sys.path.insert(0, str(Path(__file__).parents[1]))
 # kiln_client is a package of its own (clients/python); the tests use the checkout's copy.
 sys.path.insert(0, str(Path(__file__).parents[1] / "clients" / "python"))
 
-from models import tiny_cnn_onnx, tiny_transformer_onnx
 from storage_servers import s3_server  # noqa: F401 - session fixture: a real S3 server on loopback
+
+from kiln_testing.models import tiny_cnn_onnx, tiny_transformer_onnx
 
 
 @pytest.fixture(scope="session")

@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 from engine_contract import BATCH, RunnerContract
 from jobs_support import KILN_CMD, Proc, free_port, service_env, submit, wait_http, wait_job, wait_workers
-from models import assert_parity_passed
 
+from kiln_testing.models import assert_parity_passed
 from services.descriptors.huggingface import HuggingFaceOptions
 from services.errors import SourceUnreadable, UnsafeInput, UnsupportedFormat
 from services.formats import Format, detect_format, open_source

@@ -14,9 +14,9 @@ import onnx
 import onnxruntime as ort
 import pytest
 from jobs_support import KILN_CMD
-from models import tiny_gpt2_onnx
 from onnx import helper, numpy_helper
 
+from kiln_testing.models import tiny_gpt2_onnx
 from services.errors import NoRoute
 from services.formats import Format
 from services.graph.planner import plan_routes

@@ -7,8 +7,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from tf_models import keras_cnn
 
+from kiln_testing.tf_models import keras_cnn
 from services.errors import UnsafeInput
 from services.formats.keras_safety import check_keras_file, find_code_payloads, read_keras_config
 from services.pipeline import compile_model

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from tf_models import input_name
 
+from kiln_testing.tf_models import input_name
 from services.pipeline import compile_model
 from services.repository.publish import read_manifest
 from services.spec import DEFAULT_TOLERANCES, Precision, load_spec

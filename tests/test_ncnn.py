@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from engine_contract import ExporterContract, RunnerContract
 from jobs_support import KILN_CMD
-from models import assert_parity_passed, export_onnx, tiny_cnn_module, tiny_transformer_module
 
+from kiln_testing.models import assert_parity_passed, export_onnx, tiny_cnn_module, tiny_transformer_module
 from services.errors import ConversionFailed, KilnError, NoRoute, Timeout
 from services.pipeline import compile_model
 from services.spec import load_spec

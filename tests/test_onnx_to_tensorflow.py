@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from models import BERT_VOCAB, assert_parity_passed, export_again, grouped_cnn_onnx, tiny_bert_module
 
+from kiln_testing.models import BERT_VOCAB, assert_parity_passed, export_again, grouped_cnn_onnx, tiny_bert_module
 from services.errors import ConversionFailed
 from services.formats import Format
 from services.graph.planner import plan_routes

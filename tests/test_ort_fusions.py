@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from models import tiny_cnn_onnx
 
+from kiln_testing.models import tiny_cnn_onnx
 from services.passes.ort_fusions import drop_value_info, fuse_for_onnxruntime, has_skip_layernorm_pattern
 from services.pipeline import compile_model
 from services.spec import load_spec

@@ -150,7 +150,8 @@ def test_batchnorm_stays_when_the_conv_output_is_also_read_elsewhere() -> None:
 def test_batchnorm_from_torch_exporter_is_folded(tmp_path: Path) -> None:
     """The TorchScript exporter with training=PRESERVE keeps BatchNormalization unfused."""
     import torch
-    from models import tiny_cnn_module
+
+    from kiln_testing.models import tiny_cnn_module
 
     path = tmp_path / "cnn_bn.onnx"
     torch.onnx.export(

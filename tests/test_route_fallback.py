@@ -21,9 +21,9 @@ from typing import Any
 import httpx
 import pytest
 from jobs_support import Proc, free_port, migrated_pg, redis_url, service_env, submit, wait_http, wait_job, wait_workers
-from models import matrix_op_onnx
-from tf_models import keras_cnn
 
+from kiln_testing.models import matrix_op_onnx
+from kiln_testing.tf_models import keras_cnn
 from services.pipeline import compile_model
 from services.repository.publish import read_manifest
 from services.spec import load_spec

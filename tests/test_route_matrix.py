@@ -1,4 +1,4 @@
-"""The architecture matrix (benchmarks/bench_route_matrix.py) runs every CPU target the registry lists.
+"""The architecture matrix (benchmarks/bench_route_matrix.py, kiln_testing/route_matrix.py) runs every CPU target.
 
 The matrix itself is a benchmark (minutes of compiling, results in docs/benchmarks.md); this
 checks only how it picks its targets and names its failed cells, so a target registered on
@@ -8,13 +8,9 @@ another branch joins it once merged, and a GPU-only or uninstalled engine is nam
 from __future__ import annotations
 
 import importlib.util
-import sys
-from pathlib import Path
 
+from kiln_testing import route_matrix as matrix
 from services.descriptors import EngineDescriptor, Registry, TargetDescriptor, WorkerImage, _discover, registry
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import bench_route_matrix as matrix
 
 
 def test_the_matrix_runs_every_registered_cpu_target_whose_engine_is_installed() -> None:
@@ -63,6 +59,6 @@ def test_failed_cells_are_named_limits_bugs_or_unexplained() -> None:
     assert "**(unexplained)**" in md and "| **pass rate** | 0/2 | 1/2 | |" in md
     assert "Passed 1 of 4 cells (25.0 %" in md and "- tensorrt: needs a GPU" in md
     head = "every route to mnn failed: (1) a → b: PARITY_FAILED in export:mnn (export_mnn): "
-    assert matrix._short(head + "top-1 50%; (2) a → c: PARITY_FAILED in export:mnn@2 (export_mnn): top-1 40%") == (
-        "top-1 50%; (2) top-1 40%"
-    )
+    assert matrix.short_reason(
+        head + "top-1 50%; (2) a → c: PARITY_FAILED in export:mnn@2 (export_mnn): top-1 40%"
+    ) == ("top-1 50%; (2) top-1 40%")

@@ -6,8 +6,7 @@ import os
 from pathlib import Path
 from unittest import mock
 
-from tf_models import keras_cnn
-
+from kiln_testing.tf_models import keras_cnn
 from services.pipeline import compile_model
 from services.runners import tensorflow as tf_runner
 from services.spec import load_spec

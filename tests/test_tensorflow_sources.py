@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from tf_models import (
+
+from kiln_testing.tf_models import (
     IMAGE,
     image_calibration,
     keras_cnn,
@@ -20,7 +21,6 @@ from tf_models import (
     tar_gz,
     tflite_from_savedmodel,
 )
-
 from services.errors import ConversionFailed, InvalidSpec
 from services.pipeline import compile_model
 from services.repository.publish import read_manifest
@@ -259,7 +259,7 @@ def test_onnx_source_to_tfserving_and_tflite(precision: str, cnn_onnx: Path, tmp
 
 
 def test_onnx2tf_channel_last_output_is_transposed_back(tmp_path: Path, store, repository) -> None:
-    from models import _torch, export_onnx
+    from kiln_testing.models import _torch, export_onnx
 
     torch = _torch()
     conv = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU()).eval()

@@ -9,8 +9,8 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from tf_models import keras_cnn
 
+from kiln_testing.tf_models import keras_cnn
 from services.converters import tensorflow_to_onnx, tf_freezing
 from services.converters.tf_freezing import freeze_function
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tf_models import keras_mlp, mobilenet_v2, tflite_without_signature
 
+from kiln_testing.tf_models import keras_mlp, mobilenet_v2, tflite_without_signature
 from services.errors import InvalidSpec
 from services.exporters.tflite import representative_feeds
 from services.pipeline import compile_model

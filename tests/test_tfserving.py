@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 from jobs_support import KILN_CMD
-from tf_models import IMAGE, image_calibration, keras_cnn, keras_mlp, keras_two_inputs
 
+from kiln_testing.tf_models import IMAGE, image_calibration, keras_cnn, keras_mlp, keras_two_inputs
 from services.pipeline import compile_model
 from services.repository.publish import read_manifest
 from services.spec import load_spec

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from jobs_support import KILN_CMD
-from models import BERT_VOCAB, assert_parity_passed, export_again, tiny_bert_module, tiny_cnn_module
 
+from kiln_testing.models import BERT_VOCAB, assert_parity_passed, export_again, tiny_bert_module, tiny_cnn_module
 from services.errors import InvalidSpec, UnsafeInput
 from services.formats import Format
 from services.pipeline import compile_model

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -12,6 +13,33 @@ def _torch():
 
     torch.manual_seed(0)
     return torch
+
+
+def with_bn_statistics(
+    model: Any,
+    mean: tuple[float, float] = (-0.5, 0.5),
+    var: tuple[float, float] = (0.5, 2.0),
+    weight: tuple[float, float] | None = None,
+    bias: tuple[float, float] | None = None,
+) -> Any:
+    """Return ``model`` with each BatchNorm2d's statistics (and affine terms, given ranges) drawn uniformly.
+
+    A fresh BatchNorm (mean 0, variance 1, weight 1, bias 0) folds into the convolution before
+    it as nothing at all; drawn statistics give the folding and the converters something to
+    get wrong. Draws from torch's global generator, module by module: mean, var, weight, bias.
+    """
+    import torch
+
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(*mean)
+                m.running_var.uniform_(*var)
+                if weight is not None:
+                    m.weight.uniform_(*weight)
+                if bias is not None:
+                    m.bias.uniform_(*bias)
+    return model
 
 
 def tiny_cnn_module():
@@ -37,15 +65,56 @@ def tiny_cnn_module():
         def forward(self, x):
             return self.head(torch.flatten(self.features(x), 1))
 
-    model = TinyCNN()
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.uniform_(-0.5, 0.5)
-                m.running_var.uniform_(0.5, 2.0)
-                m.weight.uniform_(0.5, 1.5)
-                m.bias.uniform_(-0.2, 0.2)
-    return model.eval()
+    return with_bn_statistics(TinyCNN(), weight=(0.5, 1.5), bias=(-0.2, 0.2)).eval()
+
+
+def medium_cnn_module() -> Any:
+    """A wider CNN than the tests' (32-64-128 channels at 64x64): enough work to time."""
+    import torch
+
+    torch.manual_seed(0)
+    nn = torch.nn
+
+    def block(cin: int, cout: int) -> Any:
+        return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU(), nn.MaxPool2d(2))
+
+    model = nn.Sequential(
+        block(3, 32), block(32, 64), block(64, 128), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10)
+    )
+    return with_bn_statistics(model).eval()
+
+
+def resnetish_module() -> Any:
+    """A small ResNet: stem + 3 stages x 2 basic blocks (16-32-64 channels), BatchNorm with real statistics."""
+    import torch
+
+    torch.manual_seed(0)
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self, cin: int, cout: int, stride: int) -> None:
+            super().__init__()
+            self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.b1 = nn.BatchNorm2d(cout)
+            self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.b2 = nn.BatchNorm2d(cout)
+            self.skip = (
+                nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                if stride != 1 or cin != cout
+                else nn.Identity()
+            )
+
+        def forward(self, x: Any) -> Any:
+            y = torch.relu(self.b1(self.c1(x)))
+            return torch.relu(self.b2(self.c2(y)) + self.skip(x))
+
+    layers: list[Any] = [nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU()]
+    cin = 16
+    for cout, stride in ((16, 1), (32, 2), (64, 2)):
+        layers += [Block(cin, cout, stride), Block(cout, cout, 1)]
+        cin = cout
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.1), nn.Linear(64, 10)]
+    return with_bn_statistics(nn.Sequential(*layers), weight=(0.5, 1.5), bias=(-0.2, 0.2)).eval()
 
 
 def tiny_transformer_module(d_model: int = 32, heads: int = 4):
@@ -121,6 +190,25 @@ def export_onnx(
         dynamic_axes=dynamic_axes,
         opset_version=opset,
         dynamo=False,
+    )
+    return path
+
+
+def export_unfolded(module: Any, example: Any, path: Path) -> Path:
+    """TorchScript export that keeps BatchNorm and constants as the module has them (no exporter folding)."""
+    import torch
+
+    torch.onnx.export(
+        module,
+        (example,),
+        str(path),
+        input_names=["input"],
+        output_names=["output"],
+        dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}},
+        opset_version=17,
+        dynamo=False,
+        training=torch.onnx.TrainingMode.PRESERVE,
+        do_constant_folding=False,
     )
     return path
 

