@@ -14,6 +14,7 @@ from services.descriptors.tvm import TvmOptions
 from services.errors import ConversionFailed
 from services.exporters._common import finish_export
 from services.formats import Format
+from services.passes.pinned_shapes import pin_input_shapes
 from services.spec import Precision
 from services.steps.context import StepContext
 from services.tvm import CUDA_LIBRARY, IO_FILE, LIBRARY, PARAMS, README, build_libraries
@@ -89,6 +90,7 @@ def export_tvm(ctx: StepContext) -> Artifact:
         spec_inputs=ctx.spec.inputs,
         scratch=scratch,
         progress=ctx.progress,
+        pin_shapes=pin_input_shapes,
     )
     warnings = []
     if not options.tuning_trials:

@@ -193,6 +193,10 @@ def _faster(
     return kept, {"tuned_ms": round(medians["tuned"], 4), "default_ms": round(medians["default"], 4), "kept": kept}
 
 
+#: (onnx model, input shapes) -> (the model with them pinned and its shape arithmetic folded, pass records)
+PinShapes = Callable[[Any, dict[str, list[int]]], tuple[Any, list[dict[str, Any]]]]
+
+
 def build_libraries(
     onnx_path: Path,
     out_dir: Path,
@@ -202,6 +206,7 @@ def build_libraries(
     spec_inputs: dict[str, Any],
     scratch: Path,
     progress: Callable[[str], None] = lambda _m: None,
+    pin_shapes: PinShapes | None = None,
 ) -> dict[str, Any]:
     """Write model.so, params.bin, io.json (and model_cuda.so) into ``out_dir``; return engine details.
 
@@ -209,11 +214,11 @@ def build_libraries(
     models: a Reshape whose target TVM's importer cannot infer) and the spec gives a concrete
     shape for every open axis, the library is built for those shapes instead, and the details
     say so (``built_for``); the io.json then declares them, so the parity check and the runner
-    feed only those shapes.
+    feed only those shapes. ``pin_shapes`` puts them in the graph and folds its shape arithmetic
+    first (the exporter passes services/passes/pinned_shapes.py's: the passes sit beside this
+    package, not below it).
     """
     import onnx
-
-    from services.passes.pinned_shapes import pin_input_shapes
 
     model = onnx.load(str(onnx_path))
     inputs, outputs = onnx_io(model)
@@ -233,7 +238,7 @@ def build_libraries(
         try:
             # The shapes go into the graph and its shape arithmetic is folded first: given to
             # the importer alone they leave Reshape targets it cannot infer on real models.
-            fixed, passes = pin_input_shapes(model, pinned)
+            fixed, passes = pin_shapes(model, pinned) if pin_shapes is not None else (model, [])
             inputs = _build(fixed, inputs, pinned, out_dir, fp16, options, scratch, progress, details)
         except (ConversionFailed, InvalidSpec, EngineUnavailable):
             raise
