@@ -28,7 +28,6 @@ from services.errors import InvalidSpec
 from services.formats import Format
 
 __all__ = [
-    "TritonServingSpec",
     "DEFAULT_TOLERANCES",
     "MAX_INPUT_BYTES",
     "BenchmarkSpec",
@@ -40,6 +39,7 @@ __all__ = [
     "ServingSpec",
     "TargetName",
     "Tolerances",
+    "TritonServingSpec",
     "ValidationSpec",
     "allocation_problem",
     "format_bytes",

@@ -296,9 +296,13 @@ def publish_version(
             preferred = preferred_batch_sizes(meta.get("benchmark") or [], batch)
             if tuned.preferred_batch_sizes is not None and batch > 0:
                 if max_batch_size is None:  # a measured size above the default bound raises it (the spec's stays)
-                    batch = max([batch, *(b for b in tuned.preferred_batch_sizes if not batch_limit or b <= batch_limit)])
+                    batch = max(
+                        [batch, *(b for b in tuned.preferred_batch_sizes if not batch_limit or b <= batch_limit)]
+                    )
                 preferred = sorted({b for b in tuned.preferred_batch_sizes if 1 < b <= batch})
-            params, graph_level = engine_parameters(tuned, platform=triton.get("platform"), backend=triton.get("backend"))
+            params, graph_level = engine_parameters(
+                tuned, platform=triton.get("platform"), backend=triton.get("backend")
+            )
             config = triton_config_pbtxt(
                 TritonModel(
                     name=name,
