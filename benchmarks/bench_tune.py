@@ -128,6 +128,7 @@ def throughput_run(label: str, path: Path, store: Any, args: argparse.Namespace)
         rounds=args.rounds,
         profile=False,
         concurrency_rounds=args.sweep_rounds,
+        concurrency_round_s=args.sweep_round_s,
     )
     t0 = time.monotonic()
     report = tune_model(req, store=store)
@@ -141,8 +142,8 @@ def throughput_run(label: str, path: Path, store: Any, args: argparse.Namespace)
     print(f"\n### {label}: throughput search (batch {args.batch})\n")
     print(
         f"search wall time {wall:.1f} s ({timed} candidates timed one request at a time, then the curve: "
-        f"{len(curve['points'])} points × {curve['rounds']} rounds × {curve['requests_per_instance']} requests "
-        f"per instance); host alone: {curve['alone']}\n"
+        f"{len(curve['points'])} points × {curve['rounds']} rounds, requests per instance and round by batch "
+        f"{curve['requests_per_instance']}); host alone: {curve['alone']}\n"
     )
     print(f"recommendation (one request at a time): {rec['id']}, {rec['throughput']:.0f} samples/s\n")
     print(f"curve of {curve['candidate']} (samples/s, median [95% interval] of {curve['rounds']} rounds):\n")
@@ -165,6 +166,7 @@ def throughput_run(label: str, path: Path, store: Any, args: argparse.Namespace)
         batches=batches,
         deadline=Deadline(None),
         rounds=args.sweep_rounds,
+        min_round_s=args.sweep_round_s,
     )
     at_pick = next(p for p in again["points"] if (p["batch"], p["instances"]) == (pick["batch"], pick["instances"]))
     best = again["best_measured_throughput"]
@@ -192,6 +194,7 @@ def main() -> int:
     parser.add_argument("--batch", default="1,8,32", help="throughput: the batch sizes searched")
     parser.add_argument("--precisions", default="fp32,fp16,int8")
     parser.add_argument("--sweep-rounds", type=int, default=7, help="throughput: rounds of each concurrency sweep")
+    parser.add_argument("--sweep-round-s", type=float, default=0.05, help="throughput: one instance's round, about")
     args = parser.parse_args()
 
     from services.storage import LocalArtifactStore

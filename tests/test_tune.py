@@ -170,6 +170,8 @@ def test_throughput_objective_picks_the_highest_throughput(cnn_onnx: Path, cache
         rounds=10,
         warmup=1,
         profile=False,
+        concurrency_rounds=2,
+        concurrency_round_s=0.005,
     )
     body = tune_model(req, store=LocalArtifactStore(cache_dir / "store")).to_dict()
     timed = [c for c in body["candidates"] if c["passed"]]
@@ -316,6 +318,7 @@ def test_throughput_objective_picks_batch_and_instances_from_measured_concurrenc
         profile=False,
         concurrency_rounds=3,
         concurrency_requests=4,
+        concurrency_round_s=0.005,
         name="cnn",
     )
     repo = LocalModelRepository(tmp_path / "repo")
@@ -324,6 +327,7 @@ def test_throughput_objective_picks_batch_and_instances_from_measured_concurrenc
     serving, curve = rec["serving"], rec["serving"]["curve"]
     assert curve["candidate"] == rec["id"] and curve["settings"] == rec["settings"]
     assert curve["concurrency"] == [1, 2, 4, 8] and curve["batches"] == [1, 4] and curve["rounds"] == 3
+    assert set(curve["requests_per_instance"]) == {"1", "4"} and min(curve["requests_per_instance"].values()) >= 4
     points = curve["points"]
     assert [(p["batch"], p["instances"]) for p in points] == [(b, n) for b in (1, 4) for n in (1, 2, 4, 8)]
     for p in points:  # every point measured in every round, with its spread
@@ -379,7 +383,7 @@ def test_concurrency_curve_picks_only_measured_points(cnn_onnx: Path, tmp_path: 
     onnx.save(model, str(fixed))
     c = Candidate("onnxruntime", "fp32", {"threads": 1}, 1, passed=True, status="timed", artifact=str(fixed))
     spec = load_spec({"targets": ["onnxruntime"]})
-    common: dict[str, Any] = {"batches": [1, 4], "concurrency": (1, 2), "requests": 2, "warmup": 0}
+    common: dict[str, Any] = {"batches": [1, 4], "concurrency": (1, 2), "requests": 2, "warmup": 0, "min_round_s": 0}
     curve = measure_concurrency(c, "onnx", spec, deadline=Deadline(None), rounds=3, **common)
     by_point = {(p["batch"], p["instances"]): p for p in curve["points"]}
     assert set(by_point) == {(1, 1), (1, 2), (4, 1), (4, 2)}  # no level beyond those asked for
@@ -389,6 +393,7 @@ def test_concurrency_curve_picks_only_measured_points(cnn_onnx: Path, tmp_path: 
         assert by_point[(1, n)]["status"] == "measured" and by_point[(1, n)]["rounds"] == 3
     assert curve["pick"]["batch"] == 1 and curve["pick"]["status"] == "measured"
     assert curve["best_measured_throughput"] == max(by_point[(1, n)]["throughput"] for n in (1, 2))
+    assert curve["requests_per_instance"] == {"1": 2}  # no round length asked: the floor of 2 requests
 
     spent = measure_concurrency(c, "onnx", spec, deadline=Deadline(1e-9), rounds=5, **common)
     assert spent["rounds"] == MIN_ROUNDS

@@ -38,6 +38,8 @@ __all__ = ["CONCURRENCY", "CurvePoint", "measure_concurrency", "pick_point"]
 CONCURRENCY = (1, 2, 4, 8)
 #: Rounds every point gets even when the budget has run out.
 MIN_ROUNDS = 2
+#: Most requests one instance issues in a round, however short a request is.
+MAX_REQUESTS = 1000
 
 
 @dataclass
@@ -100,8 +102,14 @@ def measure_concurrency(
     rounds: int = 5,
     requests: int = 8,
     warmup: int = 2,
+    min_round_s: float = 0.05,
 ) -> dict[str, Any]:
     """Measure ``c``'s throughput at every batch in ``batches`` × instance count in ``concurrency``; pick the best.
+
+    Each instance issues at least ``requests`` requests a round, more for a batch whose single
+    request is short, so that one instance's round lasts about ``min_round_s``: a round of a
+    few microseconds would measure thread start-up and the scheduler, not the engine. Every
+    instance count of one batch issues the same number, so they compare like for like.
 
     Returns the curve (every point, measured or why not), the pick, the best measured
     throughput and the pick's ratio to it, the points tied with the pick within the noise,
@@ -112,13 +120,14 @@ def measure_concurrency(
     runners: list[ModelRunner] = []
     rounds_run = 0
     alone: bool | None = None
+    per_batch: dict[int, int] = {}
     try:
         try:
             runners = [open_candidate(c, artifact_format) for _ in range(levels[-1])]
         except Exception as exc:  # an engine that cannot open this many sessions must not end the search
             for p in points.values():
                 p.reason = f"cannot open {levels[-1]} instances: {exc}"[:300]
-            return _result(c, points, levels, requests, 0, None)
+            return _result(c, points, levels, per_batch, 0, None)
         feeds: dict[int, dict[str, np.ndarray]] = {}
         for b in batches:
             f = feeds_for_batch(runners[0], spec, b)
@@ -130,6 +139,10 @@ def measure_concurrency(
             for r in runners:
                 for _ in range(warmup):
                     r.run(f)
+            t = time.perf_counter()
+            runners[0].run(f)
+            one = time.perf_counter() - t
+            per_batch[b] = min(MAX_REQUESTS, max(requests, int(min_round_s / max(one, 1e-9)) + 1))
         todo = [k for k in points if k[0] in feeds]
         latencies: dict[tuple[int, int], list[float]] = {k: [] for k in todo}
         rng = np.random.default_rng(0)
@@ -139,8 +152,8 @@ def measure_concurrency(
                     break
                 for i in rng.permutation(len(todo)):
                     b, n = todo[int(i)]
-                    wall, took = _one_round(pool, runners[:n], feeds[b], requests)
-                    points[(b, n)].per_round.append(n * requests * b / wall)
+                    wall, took = _one_round(pool, runners[:n], feeds[b], per_batch[b])
+                    points[(b, n)].per_round.append(n * per_batch[b] * b / wall)
                     latencies[(b, n)].extend(took)
                 rounds_run += 1
             alone = quiet.alone
@@ -156,14 +169,14 @@ def measure_concurrency(
     finally:
         for r in runners:
             r.close()
-    return _result(c, points, levels, requests, rounds_run, alone)
+    return _result(c, points, levels, per_batch, rounds_run, alone)
 
 
 def _result(
     c: Candidate,
     points: dict[tuple[int, int], CurvePoint],
     levels: list[int],
-    requests: int,
+    requests: dict[int, int],
     rounds_run: int,
     alone: bool | None,
 ) -> dict[str, Any]:
@@ -181,7 +194,7 @@ def _result(
         "settings": dict(c.settings),
         "concurrency": levels,
         "batches": sorted({b for b, _ in points}),
-        "requests_per_instance": requests,
+        "requests_per_instance": {str(b): k for b, k in sorted(requests.items())},  # per round, by batch
         "rounds": rounds_run,
         "cpus": os.cpu_count(),
         "alone": alone,

@@ -55,7 +55,8 @@ class TuneRequest:
     #: Throughput objective: concurrent requests (one instance each) the recommendation is measured at.
     concurrency: list[int] = field(default_factory=lambda: list(CONCURRENCY))
     concurrency_rounds: int = 5
-    concurrency_requests: int = 8
+    concurrency_requests: int = 8  # at least, per instance and round (services/tune/concurrency.py)
+    concurrency_round_s: float = 0.05  # about how long one instance's round lasts
 
     def check(self) -> None:
         """Raise INVALID_SPEC for an objective, batch or target the search cannot take."""
@@ -160,6 +161,7 @@ def _serving_pick(
             rounds=req.concurrency_rounds,
             requests=req.concurrency_requests,
             warmup=min(req.warmup, 2),
+            min_round_s=req.concurrency_round_s,
         )
         if curve["pick"] is not None:
             batch, instances = curve["pick"]["batch"], curve["pick"]["instances"]
