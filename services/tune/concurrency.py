@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -48,7 +48,7 @@ class CurvePoint:
 
     batch: int
     instances: int
-    status: str  # measured | skipped
+    status: str  # measured | skipped (could not run) | failed (an engine error under load)
     throughput: float | None = None  # samples/s, median over the rounds
     throughput_ci: list[float] | None = None  # bootstrap 95% interval of that median
     p50_request_ms: float | None = None  # one request's latency under this load
@@ -81,8 +81,9 @@ def _one_round(
     futures = [pool.submit(serve, r) for r in runners]
     t0 = time.perf_counter()
     start.set()
-    latencies = [s for f in futures for s in f.result()]
-    return time.perf_counter() - t0, latencies
+    wait(futures)  # all of them, even when one failed: no request of this round outlives it
+    wall = time.perf_counter() - t0
+    return wall, [s for f in futures for s in f.result()]
 
 
 def pick_point(points: Sequence[CurvePoint]) -> CurvePoint | None:
@@ -123,7 +124,8 @@ def measure_concurrency(
     per_batch: dict[int, int] = {}
     try:
         try:
-            runners = [open_candidate(c, artifact_format) for _ in range(levels[-1])]
+            for _ in range(levels[-1]):
+                runners.append(open_candidate(c, artifact_format))
         except Exception as exc:  # an engine that cannot open this many sessions must not end the search
             for p in points.values():
                 p.reason = f"cannot open {levels[-1]} instances: {exc}"[:300]
@@ -135,15 +137,20 @@ def measure_concurrency(
                 for n in levels:
                     points[(b, n)].reason = f"its batch axis is fixed: batch {b} cannot run"
                 continue
-            feeds[b] = f
-            for r in runners:
-                for _ in range(warmup):
-                    r.run(f)
             one = float("inf")
-            for _ in range(3):  # the fastest of three: one slow call must not shorten every round
-                t = time.perf_counter()
-                runners[0].run(f)
-                one = min(one, time.perf_counter() - t)
+            try:
+                for r in runners:
+                    for _ in range(warmup):
+                        r.run(f)
+                for _ in range(3):  # the fastest of three: one slow call must not shorten every round
+                    t = time.perf_counter()
+                    runners[0].run(f)
+                    one = min(one, time.perf_counter() - t)
+            except Exception as exc:  # this batch does not run on the engine: its points say why
+                for n in levels:
+                    points[(b, n)].status, points[(b, n)].reason = "failed", f"batch {b} failed: {exc}"[:300]
+                continue
+            feeds[b] = f
             per_batch[b] = min(MAX_REQUESTS, max(requests, int(min_round_s / max(one, 1e-9)) + 1))
         todo = [k for k in points if k[0] in feeds]
         latencies: dict[tuple[int, int], list[float]] = {k: [] for k in todo}
@@ -152,11 +159,17 @@ def measure_concurrency(
             while todo and rounds_run < rounds:
                 if rounds_run >= MIN_ROUNDS and deadline.passed():
                     break
-                for i in rng.permutation(len(todo)):
-                    b, n = todo[int(i)]
-                    wall, took = _one_round(pool, runners[:n], feeds[b], per_batch[b])
-                    points[(b, n)].per_round.append(n * per_batch[b] * b / wall)
-                    latencies[(b, n)].extend(took)
+                for key in [todo[int(i)] for i in rng.permutation(len(todo))]:
+                    b, n = key
+                    try:
+                        wall, took = _one_round(pool, runners[:n], feeds[b], per_batch[b])
+                    except Exception as exc:  # an engine failing under concurrency: that point says so
+                        points[key].status, points[key].reason = "failed", f"failed under load: {exc}"[:300]
+                        points[key].per_round.clear()
+                        todo.remove(key)
+                        continue
+                    points[key].per_round.append(n * per_batch[b] * b / wall)
+                    latencies[key].extend(took)
                 rounds_run += 1
             alone = quiet.alone
         for key in todo:
