@@ -98,7 +98,9 @@ def triton_serving(target: str, settings: dict[str, Any], batch: int, instances:
     published config.pbtxt runs the artifact as it was timed.
     """
     out: dict[str, Any] = {"instance_count": instances}
-    if batch > 1:
+    # Kiln publishes OpenVINO with Triton's batching off (services/exporters/openvino.py): clients
+    # send the measured batch themselves, there is no dynamic batcher to prefer it.
+    if batch > 1 and target != "openvino":
         out["preferred_batch_sizes"] = [batch]
     if target == "onnxruntime":
         out["threads"] = settings.get("threads")
