@@ -7,7 +7,13 @@ onnxruntime artifact (ORT's own defaults: no thread or optimisation setting), wi
 to check that the recommendation is the fastest or within the measured noise of it, and the
 ratio of its p50 to the default artifact's (median of the per-round ratios).
 
+With ``--objective throughput`` (issue 21, item 5): a search at ``--batch`` sizes, whose
+recommendation is measured at every batch × 1, 2, 4, 8 concurrent instances; the curve, the
+pick (batch × instances) and its throughput over the best of the sweep; then a *separate*
+sweep of the same points, to check that the pick is still within 10% of the best there.
+
     .venv/bin/python benchmarks/bench_tune.py [--rounds 60] [--recheck-rounds 200] [--only cnn]
+    .venv/bin/python benchmarks/bench_tune.py --objective throughput --batch 1,8,32 [--sweep-rounds 7]
 """
 
 from __future__ import annotations
@@ -86,12 +92,109 @@ def recheck(report: Any, rounds: int) -> dict[str, Any]:
     }
 
 
+def print_curve(curve: dict[str, Any]) -> None:
+    """Print a curve as a markdown table: samples/s (median, 95% interval) per batch × instances, the pick in bold."""
+    levels = curve["concurrency"]
+    print("| batch | " + " | ".join(f"{n} instance{'s' if n > 1 else ''}" for n in levels) + " |")
+    print("|---:|" + "---:|" * len(levels))
+    pick = curve["pick"] or {}
+    for b in curve["batches"]:
+        cells = []
+        for n in levels:
+            p = next(p for p in curve["points"] if p["batch"] == b and p["instances"] == n)
+            if p["throughput"] is None:
+                cells.append("-")
+                continue
+            lo, hi = p["throughput_ci"]
+            cell = f"{p['throughput']:.0f} [{lo:.0f}–{hi:.0f}]"
+            cells.append(f"**{cell}**" if (b, n) == (pick.get("batch"), pick.get("instances")) else cell)
+        print(f"| {b} | " + " | ".join(cells) + " |")
+
+
+def throughput_run(label: str, path: Path, store: Any, args: argparse.Namespace) -> None:
+    """Search for throughput, print the curve and the pick, then re-sweep the same points separately."""
+    from services.spec import load_spec
+    from services.tune import TuneRequest, tune_model
+    from services.tune.budget import Deadline
+    from services.tune.concurrency import measure_concurrency
+
+    batches = [int(b) for b in args.batch.split(",")]
+    req = TuneRequest(
+        model=path,
+        objective="throughput",
+        batches=batches,
+        targets=args.targets.split(","),
+        precisions=args.precisions.split(","),
+        rounds=args.rounds,
+        profile=False,
+        concurrency_rounds=args.sweep_rounds,
+        concurrency_round_s=args.sweep_round_s,
+    )
+    t0 = time.monotonic()
+    report = tune_model(req, store=store)
+    wall = time.monotonic() - t0
+    rec = report.recommendation
+    if rec is None:
+        print(f"\n### {label}: no recommendation")
+        return
+    curve = rec["serving"]["curve"]
+    timed = sum(c.passed for c in report.candidates)
+    print(f"\n### {label}: throughput search (batch {args.batch})\n")
+    print(
+        f"search wall time {wall:.1f} s ({timed} candidates timed one request at a time, then the curve: "
+        f"{len(curve['points'])} points × {curve['rounds']} rounds, requests per instance and round by batch "
+        f"{curve['requests_per_instance']}); host alone: {curve['alone']}\n"
+    )
+    print(f"recommendation (one request at a time): {rec['id']}, {rec['throughput']:.0f} samples/s\n")
+    print(f"curve of {curve['candidate']} (samples/s, median [95% interval] of {curve['rounds']} rounds):\n")
+    print_curve(curve)
+    pick = curve["pick"]
+    print(
+        f"\n- pick: batch {pick['batch']} × {pick['instances']} instances, {pick['throughput']:.0f} samples/s; "
+        f"best of the sweep {curve['best_measured_throughput']:.0f}; pick/best = {curve['pick_vs_best']:.3f}; "
+        f"{len(curve['tied_within_noise'])} other points within the noise of the pick"
+        f"\n- vs one instance at batch {rec['batch']} (the one-request-at-a-time recommendation): "
+        + _vs_single(curve, rec["batch"])
+        + f"\n- Triton settings published: {rec['serving']['triton']}"
+    )
+    by_key = {c.key: c for c in report.candidates}
+    fmt = next(b.artifact_format for b in report.built if b.target == rec["target"] and b.artifact_format)
+    again = measure_concurrency(
+        by_key[rec["id"]],
+        fmt,
+        load_spec({"targets": [rec["target"]]}),
+        batches=batches,
+        deadline=Deadline(None),
+        rounds=args.sweep_rounds,
+        min_round_s=args.sweep_round_s,
+    )
+    at_pick = next(p for p in again["points"] if (p["batch"], p["instances"]) == (pick["batch"], pick["instances"]))
+    best = again["best_measured_throughput"]
+    print(f"\nseparate sweep ({again['rounds']} rounds), same points:\n")
+    print_curve(again)
+    print(
+        f"\n- the first sweep's pick in the separate sweep: {at_pick['throughput']:.0f} samples/s; best there "
+        f"{best:.0f} (batch {again['pick']['batch']} × {again['pick']['instances']}); "
+        f"ratio pick/best = {at_pick['throughput'] / best:.3f} (done-when: ≥ 0.9)"
+    )
+
+
+def _vs_single(curve: dict[str, Any], batch: int) -> str:
+    one = next(p for p in curve["points"] if p["batch"] == batch and p["instances"] == 1)
+    return f"{one['throughput']:.0f} samples/s; the pick is {curve['pick']['throughput'] / one['throughput']:.2f}×"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--recheck-rounds", type=int, default=200)
     parser.add_argument("--only", help="only the model whose label contains this")
     parser.add_argument("--targets", default="onnxruntime,openvino,tflite")
+    parser.add_argument("--objective", choices=["latency", "throughput"], default="latency")
+    parser.add_argument("--batch", default="1,8,32", help="throughput: the batch sizes searched")
+    parser.add_argument("--precisions", default="fp32,fp16,int8")
+    parser.add_argument("--sweep-rounds", type=int, default=7, help="throughput: rounds of each concurrency sweep")
+    parser.add_argument("--sweep-round-s", type=float, default=0.05, help="throughput: one instance's round, about")
     args = parser.parse_args()
 
     from services.storage import LocalArtifactStore
@@ -103,7 +206,16 @@ def main() -> int:
             if args.only and args.only not in label:
                 continue
             store = LocalArtifactStore(Path(tmp) / f"store-{label}")  # cold cache per model
-            req = TuneRequest(model=path, targets=args.targets.split(","), rounds=args.rounds, profile=True)
+            if args.objective == "throughput":
+                throughput_run(label, path, store, args)
+                continue
+            req = TuneRequest(
+                model=path,
+                targets=args.targets.split(","),
+                precisions=args.precisions.split(","),
+                rounds=args.rounds,
+                profile=True,
+            )
             t0 = time.monotonic()
             report = tune_model(req, store=store)
             wall = time.monotonic() - t0

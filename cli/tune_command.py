@@ -23,15 +23,15 @@ def _csv(text: str | None) -> list[str]:
     return [p.strip() for p in (text or "").split(",") if p.strip()]
 
 
-def _batches(text: str) -> list[int]:
+def _batches(text: str, flag: str = "--batch") -> list[int]:
     from services.errors import InvalidSpec
 
     try:
         values = [int(p) for p in _csv(text)]
     except ValueError:
-        raise InvalidSpec(f"--batch {text!r} is not a list of sizes", hint="e.g. --batch 1 or --batch 1,8,32") from None
+        raise InvalidSpec(f"{flag} {text!r} is not a list of sizes", hint=f"e.g. {flag} 1 or {flag} 1,8,32") from None
     if not values or min(values) < 1:
-        raise InvalidSpec(f"--batch {text!r} needs sizes of 1 or more", hint="e.g. --batch 1,8")
+        raise InvalidSpec(f"{flag} {text!r} needs sizes of 1 or more", hint=f"e.g. {flag} 1,8")
     return values
 
 
@@ -45,6 +45,9 @@ def _progress(e: dict[str, Any]) -> None:
         console.print(f"  [red]✘ {e['step']}[/]: {e['error'].get('code')}")
     elif kind == "tune_measure":
         console.print(f"[bold]timing[/] {e['candidates']} candidates side by side")
+    elif kind == "tune_concurrency":
+        levels = ",".join(map(str, e["levels"]))
+        console.print(f"[bold]throughput[/] of {e['candidate']} at {levels} concurrent instances per batch size")
 
 
 def _ms(v: float | None) -> str:
@@ -110,6 +113,7 @@ def _print_report(body: dict[str, Any], show_profile: bool) -> None:
         f"{_ms(rec['p50_ci_ms'][1])}], p99 {_ms(rec['p99_ms'])} ms"
     )
     out.print(f"  {rec['verdict']}", soft_wrap=True)
+    _print_serving(rec.get("serving"))
     if body.get("published"):
         pub = body["published"]
         out.print(f"[bold]published[/]: {pub.get('name', '')} version {pub.get('version', '')} {pub.get('uri', '')}")
@@ -129,6 +133,43 @@ def _print_report(body: dict[str, Any], show_profile: bool) -> None:
                 out.print(f"  executed in: {shares}")
 
 
+def _print_serving(serving: dict[str, Any] | None) -> None:
+    """Print the throughput-vs-concurrency curve (samples/s per batch × instances, the pick starred) and the pick."""
+    if not serving:
+        return
+    curve = serving.get("curve")
+    if curve:
+        t = Table(
+            title=f"throughput vs concurrency: {curve['candidate']} (samples/s, median of {curve['rounds']} rounds)"
+        )
+        t.add_column("batch")
+        for n in curve["concurrency"]:
+            t.add_column(f"{n} inst.", justify="right")
+        pick = curve["pick"] or {}
+        for b in curve["batches"]:
+            row = [str(b)]
+            for n in curve["concurrency"]:
+                p = next(p for p in curve["points"] if p["batch"] == b and p["instances"] == n)
+                if p["throughput"] is None:
+                    row.append("-")
+                    continue
+                star = " ★" if (b, n) == (pick.get("batch"), pick.get("instances")) else ""
+                row.append(f"{p['throughput']:.0f}{star}")
+            t.add_row(*row)
+        out.print(t)
+        if curve["pick_vs_best"] is not None:
+            out.print(
+                f"  pick/best measured = {curve['pick_vs_best']:.3f}; "
+                f"{len(curve['tied_within_noise'])} other point(s) within the noise of the pick"
+            )
+    triton = " ".join(f"{k}={v}" for k, v in serving["triton"].items())
+    out.print(
+        f"[bold]serving[/]: batch {serving['batch']} × {serving['instances']} instance(s) "
+        f"({serving['basis']}); Triton: {triton}",
+        soft_wrap=True,
+    )
+
+
 @click.command("tune")
 @click.argument("model", type=click.Path(exists=True, path_type=Path))
 @click.option("--objective", type=click.Choice(["latency", "throughput", "size"]), default="latency", show_default=True)
@@ -140,6 +181,12 @@ def _print_report(body: dict[str, Any], show_profile: bool) -> None:
 @click.option("--name", help="Published model name (default: the file's name).")
 @click.option("--budget", help="Time budget for the search, e.g. 90s, 10m; the search stops early and says so.")
 @click.option("--rounds", type=click.IntRange(min=1, max=100_000), default=50, show_default=True)
+@click.option(
+    "--concurrency",
+    default="1,2,4,8",
+    show_default=True,
+    help="Throughput objective: concurrent instances to measure the recommendation at, per batch size.",
+)
 @click.option("--warmup", type=click.IntRange(min=0, max=10_000), default=5, show_default=True)
 @click.option("--profile", "show_profile", is_flag=True, help="Print the per-layer profiles (always in --json).")
 @click.option("--spec", "spec_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="CompileSpec JSON (inputs, tolerances...).")  # fmt: skip
@@ -160,6 +207,7 @@ def tune_cmd(
     name: str | None,
     budget: str | None,
     rounds: int,
+    concurrency: str,
     warmup: int,
     show_profile: bool,
     spec_file: Path | None,
@@ -202,6 +250,7 @@ def tune_cmd(
         spec_data=spec_data,
         rounds=rounds,
         warmup=warmup,
+        concurrency=_batches(concurrency, "--concurrency"),
         name=name,
         use_cache=not no_cache,
     )

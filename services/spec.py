@@ -39,6 +39,7 @@ __all__ = [
     "ServingSpec",
     "TargetName",
     "Tolerances",
+    "TritonServingSpec",
     "ValidationSpec",
     "allocation_problem",
     "format_bytes",
@@ -265,6 +266,43 @@ class ValidationSpec(_Strict):
     )
 
 
+#: Most Triton model instances a spec may ask for (instance_group count).
+MAX_INSTANCES = 64
+
+
+class TritonServingSpec(_Strict):
+    """How Triton runs the published model: instances, batching and engine parameters (``kiln tune`` measures them).
+
+    These change the config.pbtxt only, never the artifact: an export's cache key leaves them
+    out. Each engine parameter reaches the backends that accept it (onnxruntime backend:
+    ``intra_op_thread_count`` and ``optimization.graph.level``; OpenVINO backend:
+    ``INFERENCE_NUM_THREADS``, ``NUM_STREAMS``, ``PERFORMANCE_HINT``); others ignore it.
+    """
+
+    instance_count: int | None = Field(
+        default=None, ge=1, le=MAX_INSTANCES, description="instance_group count: model instances Triton runs at once."
+    )
+    preferred_batch_sizes: list[Annotated[int, Field(ge=1, le=MAX_BATCH)]] | None = Field(
+        default=None,
+        max_length=16,
+        description="dynamic_batching preferred_batch_size (sizes above max_batch_size are dropped). Unset: the "
+        "benchmarked sizes within 10% of the best throughput.",
+    )
+    threads: int | None = Field(
+        default=None,
+        ge=0,
+        le=1024,
+        description="Threads per instance: onnxruntime's intra_op_thread_count, OpenVINO's INFERENCE_NUM_THREADS.",
+    )
+    onnxruntime_optimization: Literal["all", "extended", "basic", "disable"] | None = Field(
+        default=None, description="onnxruntime graph optimisation level (optimization.graph.level); unset: all."
+    )
+    openvino_streams: int | None = Field(default=None, ge=1, le=1024, description="OpenVINO NUM_STREAMS.")
+    openvino_hint: Literal["LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT"] | None = Field(
+        default=None, description="OpenVINO PERFORMANCE_HINT."
+    )
+
+
 class ServingSpec(_Strict):
     """How the published repository is served: where servers mount it, which device they run on."""
 
@@ -288,6 +326,10 @@ class ServingSpec(_Strict):
         default="cpu",
         description="Where Triton runs onnxruntime models: cpu (instance_group KIND_CPU) or gpu (KIND_GPU, "
         "onnxruntime's CUDA provider). Parity is checked on the CPU provider either way.",
+    )
+    triton: TritonServingSpec = Field(
+        default_factory=TritonServingSpec,
+        description="Triton instances, batching and engine parameters for the published config.pbtxt.",
     )
 
 

@@ -93,3 +93,12 @@ def test_what_a_conversion_does_not_depend_on_shares_it() -> None:
         _spec(benchmark=False),
     ):
         assert _key(spec=other) == base, other
+
+
+def test_how_triton_serves_an_artifact_does_not_rebuild_it() -> None:
+    """serving.triton (instances, threads: what kiln tune measured) changes config.pbtxt only, not the export."""
+    tuned = _spec(serving={"triton": {"instance_count": 4, "preferred_batch_sizes": [8], "threads": 1}})
+    assert _key(EXPORT, spec=tuned) == _key(EXPORT)
+    assert _key(spec=tuned) == _key()
+    # The rest of serving still counts where it did: the device Triton runs onnxruntime on.
+    assert _key(EXPORT, spec=_spec(serving={"onnxruntime_device": "gpu"})) != _key(EXPORT)

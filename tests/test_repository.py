@@ -299,3 +299,55 @@ def test_a_relative_serving_root_is_refused(root: str) -> None:
     with pytest.raises(InvalidSpec, match=r"serving\.root"):
         load_spec({"targets": ["onnxruntime"], "serving": {"root": root}})
     assert load_spec({"targets": ["onnxruntime"], "serving": {"root": "s3://b/p"}}).serving.root == "s3://b/p"
+
+
+def test_tuned_serving_settings_reach_each_backend_under_its_own_keys(tmp_path: Path) -> None:
+    """serving.triton: instances, preferred batch and engine parameters, each backend with the keys it reads."""
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    from services.spec import TritonServingSpec
+
+    repo = LocalModelRepository(tmp_path / "repo")
+    tuned = TritonServingSpec(
+        instance_count=4,
+        preferred_batch_sizes=[16],
+        threads=1,
+        onnxruntime_optimization="basic",
+        openvino_streams=2,
+        openvino_hint="THROUGHPUT",
+    )
+    publish_version(repo, _export_artifact(tmp_path), name="ort", version=None, manifest={}, triton_serving=tuned)
+    cfg = _triton((tmp_path / "repo" / "triton" / "ort" / "config.pbtxt").read_text())
+    assert [(g.count, g.kind) for g in cfg.instance_group] == [(4, mc.ModelInstanceGroup.KIND_CPU)]
+    # 16 was measured: it raises the default bound of 8 and is the one preferred size (not the benchmark's 4, 8).
+    assert cfg.max_batch_size == 16 and list(cfg.dynamic_batching.preferred_batch_size) == [16]
+    assert {k: v.string_value for k, v in cfg.parameters.items()} == {"intra_op_thread_count": "1"}
+    assert cfg.optimization.graph.level == -1  # the onnxruntime backend's ORT_ENABLE_BASIC
+
+    ov_art = _export_artifact(
+        tmp_path, target="openvino", serving={"triton": {"backend": "openvino", "batching": False}}
+    )
+    publish_version(repo, ov_art, name="ov", version=None, manifest={}, triton_serving=tuned)
+    cfg = _triton((tmp_path / "repo" / "triton" / "ov" / "config.pbtxt").read_text())
+    assert cfg.backend == "openvino" and cfg.instance_group[0].count == 4
+    assert {k: v.string_value for k, v in cfg.parameters.items()} == {
+        "INFERENCE_NUM_THREADS": "1",
+        "NUM_STREAMS": "2",
+        "PERFORMANCE_HINT": "THROUGHPUT",
+    }
+    # Batching stays off for OpenVINO (its backend fixes the batch at max_batch_size): no preferred sizes.
+    assert cfg.max_batch_size == 0 and not cfg.HasField("dynamic_batching")
+    assert not cfg.HasField("optimization")
+
+
+def test_tuned_batch_above_the_specs_max_batch_size_is_dropped(tmp_path: Path) -> None:
+    from services.spec import TritonServingSpec
+
+    repo = LocalModelRepository(tmp_path / "repo")
+    tuned = TritonServingSpec(preferred_batch_sizes=[4, 16])
+    publish_version(
+        repo, _export_artifact(tmp_path), name="m", version=None, manifest={}, max_batch_size=8, triton_serving=tuned
+    )
+    cfg = _triton((tmp_path / "repo" / "triton" / "m" / "config.pbtxt").read_text())
+    assert cfg.max_batch_size == 8 and list(cfg.dynamic_batching.preferred_batch_size) == [4]
+    assert cfg.instance_group[0].count == 1 and not cfg.parameters and not cfg.HasField("optimization")

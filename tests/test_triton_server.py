@@ -40,7 +40,15 @@ needs_triton = pytest.mark.skipif(
 )
 
 #: What Kiln publishes in the fixture below, and the backend each model's config asks for.
-BACKENDS = {"cnn-onnxruntime": "onnxruntime", "cnn-openvino": "openvino", "cnn-unbatched": "onnxruntime"}
+BACKENDS = {
+    "cnn-onnxruntime": "onnxruntime",
+    "cnn-openvino": "openvino",
+    "cnn-unbatched": "onnxruntime",
+    "cnn-tuned": "onnxruntime",
+}
+#: What `kiln tune --objective throughput` publishes (services/tune/space.py: triton_serving): the
+#: measured instance count, batch and engine settings, through the spec's serving.triton.
+TUNED = {"instance_count": 2, "preferred_batch_sizes": [4], "threads": 1, "onnxruntime_optimization": "basic"}
 
 
 def _tool() -> TritonTool:
@@ -79,6 +87,7 @@ def published(cnn_onnx: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
         # Benchmarked, so the onnxruntime config carries dynamic_batching.preferred_batch_size.
         {"targets": ["onnxruntime", "openvino"], "name": "cnn", "benchmark": {"iterations": 5, "warmup": 1}},
         {"targets": ["onnxruntime"], "name": "cnn-unbatched", "max_batch_size": 0, "benchmark": False},
+        {"targets": ["onnxruntime"], "name": "cnn-tuned", "benchmark": False, "serving": {"triton": TUNED}},
     ]
     for spec in specs:
         assert compile_model(cnn_onnx, load_spec(spec), store=store, repository=repository).ok
@@ -274,3 +283,18 @@ def test_standin_backend_refuses_a_config_that_disagrees_with_the_model(publishe
         assert server.poll_failure("wrong-shape") is None  # Triton's own validation passed it
         name = server.load("wrong-name")
         assert name.status_code == 400 and "configured output 'logits' is not in the IR" in name.json()["error"]
+
+
+@needs_triton
+def test_triton_loads_and_serves_a_tuned_config(published: Path, standin_server: TritonServer) -> None:
+    """The tuned instance count, preferred batch and onnxruntime parameters pass Triton's validation, as held."""
+    server = standin_server
+    kiln = _read_config(published / "cnn-tuned")
+    assert [g.count for g in kiln.instance_group] == [2] and kiln.optimization.graph.level == -1
+    held = server.config("cnn-tuned")
+    assert [(g["count"], g["kind"]) for g in held["instance_group"]] == [(2, "KIND_CPU")]
+    assert held["dynamic_batching"]["preferred_batch_size"] == [4] and held["max_batch_size"] == 8
+    assert held["optimization"]["graph"]["level"] == -1
+    assert held["parameters"]["intra_op_thread_count"]["string_value"] == "1"
+    x = np.random.default_rng(2).standard_normal((4, 3, 32, 32), dtype=np.float32)
+    _close(server.infer("cnn-tuned", {"input": x})["output"], _ort(published, "cnn-tuned", x))

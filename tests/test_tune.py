@@ -170,6 +170,8 @@ def test_throughput_objective_picks_the_highest_throughput(cnn_onnx: Path, cache
         rounds=10,
         warmup=1,
         profile=False,
+        concurrency_rounds=2,
+        concurrency_round_s=0.005,
     )
     body = tune_model(req, store=LocalArtifactStore(cache_dir / "store")).to_dict()
     timed = [c for c in body["candidates"] if c["passed"]]
@@ -294,3 +296,123 @@ def test_parse_budget_and_exec_precision() -> None:
     assert exec_precision("jit_avx512_FP32") == "f32"
     assert exec_precision("undef") is None
     assert set(default_targets()) <= {"onnxruntime", "openvino", "tflite"}
+
+
+def test_throughput_objective_picks_batch_and_instances_from_measured_concurrency(
+    cnn_onnx: Path, cache_dir: Path, tmp_path: Path
+) -> None:
+    """Every batch × 1/2/4/8 instances is measured; the best point is served by the published Triton config."""
+    from google.protobuf import text_format
+
+    from services.repository import LocalModelRepository
+    from services.repository.triton_config import model_config_pb2
+
+    req = TuneRequest(
+        model=cnn_onnx,
+        objective="throughput",
+        batches=[1, 4],
+        targets=["onnxruntime"],
+        precisions=["fp32"],
+        rounds=6,
+        warmup=1,
+        profile=False,
+        concurrency_rounds=3,
+        concurrency_requests=4,
+        concurrency_round_s=0.005,
+        name="cnn",
+    )
+    repo = LocalModelRepository(tmp_path / "repo")
+    body = tune_model(req, store=LocalArtifactStore(cache_dir / "store"), repository=repo).to_dict()
+    rec = body["recommendation"]
+    serving, curve = rec["serving"], rec["serving"]["curve"]
+    assert curve["candidate"] == rec["id"] and curve["settings"] == rec["settings"]
+    assert curve["concurrency"] == [1, 2, 4, 8] and curve["batches"] == [1, 4] and curve["rounds"] == 3
+    assert set(curve["requests_per_instance"]) == {"1", "4"} and min(curve["requests_per_instance"].values()) >= 4
+    points = curve["points"]
+    assert [(p["batch"], p["instances"]) for p in points] == [(b, n) for b in (1, 4) for n in (1, 2, 4, 8)]
+    for p in points:  # every point measured in every round, with its spread
+        assert p["status"] == "measured" and p["rounds"] == 3 and p["reason"] is None
+        lo, hi = p["throughput_ci"]
+        assert 0 < lo <= p["throughput"] <= hi and p["p50_request_ms"] > 0
+    best = max(p["throughput"] for p in points)
+    pick = curve["pick"]
+    assert pick in points and pick["throughput"] >= 0.9 * best  # the done-when: within 10% of the sweep's best
+    assert pick["throughput"] == best and curve["pick_vs_best"] == 1.0  # the argmax itself
+    assert curve["best_measured_throughput"] == best
+    assert (serving["batch"], serving["instances"], serving["throughput"]) == (
+        pick["batch"],
+        pick["instances"],
+        pick["throughput"],
+    )
+    for tied in curve["tied_within_noise"]:  # a tie's interval reaches the pick's
+        other = next(p for p in points if (p["batch"], p["instances"]) == (tied["batch"], tied["instances"]))
+        assert other["throughput_ci"][1] >= pick["throughput_ci"][0]
+
+    # The published config serves the artifact as it was measured.
+    text = (tmp_path / "repo" / "triton" / "cnn" / "config.pbtxt").read_text()
+    cfg = text_format.Parse(text, model_config_pb2().ModelConfig())
+    assert [g.count for g in cfg.instance_group] == [pick["instances"]]
+    if pick["batch"] > 1:
+        assert list(cfg.dynamic_batching.preferred_batch_size) == [pick["batch"]]
+    else:
+        assert list(cfg.dynamic_batching.preferred_batch_size) == []
+    assert cfg.max_batch_size >= pick["batch"]
+    assert cfg.parameters["intra_op_thread_count"].string_value == str(rec["settings"]["threads"])
+    level = {"all": None, "basic": -1}[rec["settings"]["optimization"]]
+    assert (cfg.optimization.graph.level if cfg.HasField("optimization") else None) == level
+    # ... and its manifest holds the curve the pick came from, and the serving spec that wrote the config.
+    manifest = json.loads((tmp_path / "repo" / "triton" / "cnn" / "1" / "kiln-manifest.json").read_text())
+    assert manifest["tune"]["serving"]["curve"]["points"] == points
+    assert manifest["tune"]["serving"]["curve"]["pick"] == pick
+    assert manifest["spec"]["serving"]["triton"]["instance_count"] == pick["instances"]
+
+
+def test_concurrency_curve_picks_only_measured_points(cnn_onnx: Path, tmp_path: Path) -> None:
+    """A batch the artifact cannot run and levels never asked for are not picked; a spent budget still measures."""
+    import onnx
+
+    from services.spec import load_spec
+    from services.tune.budget import Deadline
+    from services.tune.concurrency import MIN_ROUNDS, measure_concurrency
+    from services.tune.report import Candidate
+
+    model = onnx.load(str(cnn_onnx))
+    for value in (*model.graph.input, *model.graph.output):
+        value.type.tensor_type.shape.dim[0].dim_value = 1  # the batch axis fixed at 1
+    fixed = tmp_path / "fixed.onnx"
+    onnx.save(model, str(fixed))
+    c = Candidate("onnxruntime", "fp32", {"threads": 1}, 1, passed=True, status="timed", artifact=str(fixed))
+    spec = load_spec({"targets": ["onnxruntime"]})
+    common: dict[str, Any] = {"batches": [1, 4], "concurrency": (1, 2), "requests": 2, "warmup": 0, "min_round_s": 0}
+    curve = measure_concurrency(c, "onnx", spec, deadline=Deadline(None), rounds=3, **common)
+    by_point = {(p["batch"], p["instances"]): p for p in curve["points"]}
+    assert set(by_point) == {(1, 1), (1, 2), (4, 1), (4, 2)}  # no level beyond those asked for
+    for n in (1, 2):
+        assert by_point[(4, n)]["status"] == "skipped" and by_point[(4, n)]["throughput"] is None
+        assert "batch axis is fixed" in by_point[(4, n)]["reason"]
+        assert by_point[(1, n)]["status"] == "measured" and by_point[(1, n)]["rounds"] == 3
+    assert curve["pick"]["batch"] == 1 and curve["pick"]["status"] == "measured"
+    assert curve["best_measured_throughput"] == max(by_point[(1, n)]["throughput"] for n in (1, 2))
+    assert curve["requests_per_instance"] == {"1": 2}  # no round length asked: the floor of 2 requests
+
+    spent = measure_concurrency(c, "onnx", spec, deadline=Deadline(1e-9), rounds=5, **common)
+    assert spent["rounds"] == MIN_ROUNDS
+    for p in spent["points"]:
+        if p["batch"] == 1:
+            assert p["rounds"] == MIN_ROUNDS and p["reason"].startswith("budget spent")
+
+
+def test_cli_throughput_prints_the_curve_and_the_pick(cnn_onnx: Path, cache_dir: Path) -> None:
+    common = ["--targets", "onnxruntime", "--precisions", "fp32", "--rounds", "5", "--warmup", "1"]
+    args = ["tune", str(cnn_onnx), "--objective", "throughput", "--batch", "1,4", "--concurrency", "1,2", *common]
+    proc = run_kiln(*args, "--cache-dir", str(cache_dir), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    curve = json.loads(proc.stdout)["recommendation"]["serving"]["curve"]
+    assert curve["concurrency"] == [1, 2] and len(curve["points"]) == 4
+    proc = run_kiln(*args, "--cache-dir", str(cache_dir))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "throughput vs concurrency" in proc.stdout and "2 inst." in proc.stdout and "★" in proc.stdout
+    assert "pick/best measured = 1.000" in proc.stdout and "serving: batch" in proc.stdout
+    assert "throughput of onnxruntime/fp32" in proc.stderr  # the progress line
+    bad = run_kiln("tune", str(cnn_onnx), "--objective", "throughput", "--concurrency", "0", *common)
+    assert bad.returncode == 2 and "INVALID_SPEC" in bad.stderr and "--concurrency" in bad.stderr

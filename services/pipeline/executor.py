@@ -69,6 +69,8 @@ def _spec_fingerprint(
     # Naming and scheduling do not change what a step produces.
     body = spec.model_dump(mode="json", exclude={"name", "version", "targets", "wait_for_workers", "options"})
     body["calibration"] = calibration_sha
+    # How Triton runs the artifact (instances, threads) changes its config.pbtxt, not the artifact.
+    body.get("serving", {}).pop("triton", None)
     fields = _SPEC_FIELDS.get(kind)
     if fields is not None:
         body = {k: v for k, v in body.items() if k in fields}

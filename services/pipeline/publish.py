@@ -99,6 +99,7 @@ def run_publish_step(ctx: StepContext) -> Artifact:
         serving_root=ctx.spec.serving.root,
         instance_kind=_instance_kind(ctx),
         reuse_identical=ctx.use_cache,
+        triton_serving=ctx.spec.serving.triton,
     )
     if published.reused:
         ctx.progress(f"{published.name} version {published.version} already holds this artifact: not published again")

@@ -26,9 +26,11 @@ from services.repository.triton_config import (
     DEFAULT_MAX_BATCH_SIZE,
     TritonModel,
     batch_axis_is_dynamic,
+    engine_parameters,
     preferred_batch_sizes,
     triton_config_pbtxt,
 )
+from services.spec import TritonServingSpec
 from services.tensors import TensorSpec
 
 __all__ = [
@@ -209,6 +211,7 @@ def publish_version(
     serving_root: str | None = None,
     instance_kind: str | None = None,
     reuse_identical: bool = False,
+    triton_serving: TritonServingSpec | None = None,
 ) -> PublishedVersion:
     """Publish an export artifact as ``<root>/<name>/<version>/``; return where it landed.
 
@@ -221,6 +224,9 @@ def publish_version(
     under a temp name then renamed into place; then the model's config.pbtxt (config last, so
     Triton never loads a config without its files); then the root configs (TF Serving
     models.config, OVMS config.json), each replaced atomically.
+
+    ``triton_serving`` (the spec's ``serving.triton``, e.g. from ``kiln tune``) sets the config's
+    instance count, preferred batch sizes and the engine parameters its backend accepts.
     """
     meta = artifact.meta
     target = meta["target"]
@@ -286,6 +292,17 @@ def publish_version(
             inputs = [TensorSpec.from_dict(t) for t in io["inputs"]]
             outputs = [TensorSpec.from_dict(t) for t in io["outputs"]]
             batch = triton_max_batch_size(triton, inputs, outputs, max_batch_size, batch_limit)
+            tuned = triton_serving or TritonServingSpec()
+            preferred = preferred_batch_sizes(meta.get("benchmark") or [], batch)
+            if tuned.preferred_batch_sizes is not None and batch > 0:
+                if max_batch_size is None:  # a measured size above the default bound raises it (the spec's stays)
+                    batch = max(
+                        [batch, *(b for b in tuned.preferred_batch_sizes if not batch_limit or b <= batch_limit)]
+                    )
+                preferred = sorted({b for b in tuned.preferred_batch_sizes if 1 < b <= batch})
+            params, graph_level = engine_parameters(
+                tuned, platform=triton.get("platform"), backend=triton.get("backend")
+            )
             config = triton_config_pbtxt(
                 TritonModel(
                     name=name,
@@ -294,10 +311,12 @@ def publish_version(
                     platform=triton.get("platform"),
                     backend=triton.get("backend"),
                     max_batch_size=batch,
-                    preferred_batch_sizes=preferred_batch_sizes(meta.get("benchmark") or [], batch),
+                    preferred_batch_sizes=preferred,
                     default_model_filename=triton.get("default_model_filename"),
                     instance_kind=instance_kind or triton.get("instance_kind", "KIND_CPU"),
-                    parameters=triton.get("parameters", {}),
+                    parameters={**triton.get("parameters", {}), **params},
+                    instance_count=tuned.instance_count or 1,
+                    graph_level=graph_level,
                 )
             )
             repo.write_file(f"{model_dir}/config.pbtxt", config.encode())

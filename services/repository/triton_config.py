@@ -19,6 +19,7 @@ from typing import Any
 from google.protobuf import text_format
 
 from services.errors import KilnError, UnsupportedFormat
+from services.spec import TritonServingSpec
 from services.tensors import TensorSpec
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "TRITON_DTYPES",
     "TritonModel",
     "batch_axis_is_dynamic",
+    "engine_parameters",
     "model_config_pb2",
     "preferred_batch_sizes",
     "triton_config_pbtxt",
@@ -93,6 +95,38 @@ def preferred_batch_sizes(benchmark: list[dict[str, Any]], max_batch_size: int) 
     return sorted(int(b["batch_size"]) for b in fits if float(b["throughput"]) >= 0.9 * best)
 
 
+#: Kiln's onnxruntime optimisation names -> the onnxruntime backend's optimization.graph.level
+#: (onnxruntime_backend's README and src/onnxruntime.cc: -1 basic, 1 extended, 2 disabled; unset: all).
+ORT_GRAPH_LEVELS = {"all": None, "extended": 1, "basic": -1, "disable": 2}
+
+
+def engine_parameters(
+    serving: TritonServingSpec, *, platform: str | None, backend: str | None
+) -> tuple[dict[str, str], int | None]:
+    """Return the backend parameters and graph level that carry ``serving``'s engine settings for this backend.
+
+    Keys are those each backend reads: onnxruntime (platform ``onnxruntime_onnx``)
+    ``intra_op_thread_count`` and ``optimization.graph.level``; OpenVINO (backend ``openvino``,
+    ModelState::ParseParameters) ``INFERENCE_NUM_THREADS``, ``NUM_STREAMS``, ``PERFORMANCE_HINT``.
+    Settings a backend has no key for are left out, never passed as keys it would refuse.
+    """
+    params: dict[str, str] = {}
+    level: int | None = None
+    if platform == "onnxruntime_onnx" or backend == "onnxruntime":
+        if serving.threads is not None:
+            params["intra_op_thread_count"] = str(serving.threads)
+        if serving.onnxruntime_optimization is not None:
+            level = ORT_GRAPH_LEVELS[serving.onnxruntime_optimization]
+    elif backend == "openvino":
+        if serving.threads is not None:
+            params["INFERENCE_NUM_THREADS"] = str(serving.threads)
+        if serving.openvino_streams is not None:
+            params["NUM_STREAMS"] = str(serving.openvino_streams)
+        if serving.openvino_hint is not None:
+            params["PERFORMANCE_HINT"] = serving.openvino_hint
+    return params, level
+
+
 @dataclass
 class TritonModel:
     """What Kiln knows about a model that Triton's config needs."""
@@ -108,6 +142,10 @@ class TritonModel:
     default_model_filename: str | None = None
     #: Backend parameters (e.g. OpenVINO's INFERENCE_PRECISION_HINT), as strings.
     parameters: dict[str, str] = field(default_factory=dict)
+    #: instance_group count: model instances Triton runs at once.
+    instance_count: int = 1
+    #: optimization.graph.level (the onnxruntime backend's graph optimisation level); None: unset.
+    graph_level: int | None = None
 
 
 def _fill_tensor(msg: Any, t: TensorSpec, batched: bool) -> None:
@@ -151,7 +189,9 @@ def triton_model_config(model: TritonModel) -> Any:
     if batched:
         cfg.dynamic_batching.SetInParent()
         cfg.dynamic_batching.preferred_batch_size.extend(model.preferred_batch_sizes)
-    cfg.instance_group.add(count=1, kind=mc.ModelInstanceGroup.Kind.Value(model.instance_kind))
+    cfg.instance_group.add(count=model.instance_count, kind=mc.ModelInstanceGroup.Kind.Value(model.instance_kind))
+    if model.graph_level is not None:
+        cfg.optimization.graph.level = model.graph_level
     for key, value in sorted(model.parameters.items()):
         cfg.parameters[key].string_value = value
     return cfg

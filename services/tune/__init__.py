@@ -2,6 +2,7 @@
 
 One concern per module: the search space (:mod:`.space`), building and pruning the artifacts
 (:mod:`.build`), timing them side by side (:mod:`.measure`), choosing (:mod:`.recommend`),
+the throughput-vs-concurrency curve that picks batch × instances (:mod:`.concurrency`),
 per-layer profiles (:mod:`.profile`), the budget (:mod:`.budget`), and the search that runs
 them in order (:mod:`.search`).
 """

@@ -1,4 +1,5 @@
-"""Record a tune in the published version's manifest: the settings chosen, the margin, the profiles.
+"""Record a tune in the published version's manifest: the settings chosen, the margin, the serving
+pick and its throughput curve, the profiles.
 
 The recommendation is published through the compile pipeline, whose manifest knows nothing of
 the search; this adds a ``tune`` section to that version's ``kiln-manifest.json`` (replaced
@@ -30,6 +31,9 @@ def tune_section(rec: dict[str, Any], profiles: dict[str, Any], measurement: dic
         "margin_within_noise": rec.get("margin_within_noise"),
         "verdict": rec.get("verdict"),
         "rounds": measurement.get("rounds"),
+        # How the published config serves it (batch, instances, engine parameters) and, for the
+        # throughput objective, the throughput-vs-concurrency curve those were picked from.
+        "serving": rec.get("serving"),
         "profiles": profiles,
     }
 

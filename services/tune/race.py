@@ -102,7 +102,7 @@ def race(
         done += times.shape[1]
         if times.shape[1] < block:
             break  # the budget ran out inside the block
-        if enabled and done >= RACE_AFTER and len(live) > 2:
+        if enabled and RACE_AFTER <= done < rounds and len(live) > 2:  # none leaves after its last round
             gone = _dropouts(live, result.rows, batches, max_p99_ms)
             for i in sorted(gone, key=lambda i: -np.median(result.rows[i]))[: max(0, len(live) - 2)]:
                 result.dropped[i] = gone[i]

@@ -13,16 +13,17 @@ from services.errors import InvalidSpec
 from services.formats import open_source
 from services.pipeline import compile_model
 from services.repository.base import ModelRepository
-from services.spec import load_spec
+from services.spec import CompileSpec, load_spec
 from services.storage.base import ArtifactStore
 from services.tune.budget import Deadline
 from services.tune.build import build_artifacts
+from services.tune.concurrency import CONCURRENCY, measure_concurrency
 from services.tune.manifest import record_tune, tune_section
 from services.tune.measure import measure_candidates
 from services.tune.profile import PROFILED_TARGETS, profile_candidate
 from services.tune.recommend import OBJECTIVES, recommend
 from services.tune.report import Built, Candidate, TuneReport
-from services.tune.space import default_targets, settings_grid
+from services.tune.space import default_targets, settings_grid, triton_serving
 
 __all__ = ["TuneRequest", "expand_candidates", "tune_model"]
 
@@ -51,6 +52,11 @@ class TuneRequest:
     cpus: int | None = None  # thread counts to try go up to this (default: the machine's)
     #: Stop timing candidates that cannot win (services/tune/race.py); False times all for every round.
     race: bool = True
+    #: Throughput objective: concurrent requests (one instance each) the recommendation is measured at.
+    concurrency: list[int] = field(default_factory=lambda: list(CONCURRENCY))
+    concurrency_rounds: int = 5
+    concurrency_requests: int = 8  # at least, per instance and round (services/tune/concurrency.py)
+    concurrency_round_s: float = 0.05  # about how long one instance's round lasts
 
     def check(self) -> None:
         """Raise INVALID_SPEC for an objective, batch or target the search cannot take."""
@@ -66,6 +72,10 @@ class TuneRequest:
             raise InvalidSpec("--max-p99-ms must be positive")
         if self.rounds < 1:
             raise InvalidSpec("rounds must be at least 1")
+        if not self.concurrency or min(self.concurrency) < 1 or max(self.concurrency) > 64:
+            raise InvalidSpec(f"concurrency levels must be 1 to 64: {self.concurrency}")
+        if self.concurrency_rounds < 1 or self.concurrency_requests < 1:
+            raise InvalidSpec("concurrency rounds and requests must be at least 1")
 
 
 def expand_candidates(built: list[Built], batches: list[int], objective: str, cpus: int | None) -> list[Candidate]:
@@ -111,6 +121,9 @@ def _publish(
 ) -> dict[str, Any] | None:
     """Publish the recommended (target, precision) through the pipeline (its export comes from the cache)."""
     data = {**req.spec_data, "targets": [rec["target"]], "precision": rec["precision"], "benchmark": False}
+    serving = dict(req.spec_data.get("serving") or {})
+    serving["triton"] = {**(serving.get("triton") or {}), **rec["serving"]["triton"]}
+    data["serving"] = serving
     if req.name:
         data["name"] = req.name
     result = compile_model(req.model, load_spec(data), store=store, repository=repository, use_cache=req.use_cache)
@@ -118,6 +131,48 @@ def _publish(
     if target.status != "succeeded":
         return {"error": target.error}
     return target.published
+
+
+def _serving_pick(
+    req: TuneRequest,
+    rec: dict[str, Any],
+    chosen: Candidate,
+    formats: dict[str, str],
+    spec: CompileSpec,
+    deadline: Deadline,
+    emit: Callable[[Event], None],
+) -> dict[str, Any]:
+    """Return how to serve the recommendation: batch, instances and the spec's ``serving.triton`` for them.
+
+    For the throughput objective, the batch and instance count are the best point of the
+    throughput-vs-concurrency curve measured for the recommendation (``curve``); otherwise
+    one instance at the recommendation's batch, as the latency was measured.
+    """
+    batch, instances, curve = chosen.batch, 1, None
+    if req.objective == "throughput":
+        emit({"type": "tune_concurrency", "candidate": chosen.key, "levels": req.concurrency, "batches": req.batches})
+        curve = measure_concurrency(
+            chosen,
+            formats[chosen.target],
+            spec,
+            batches=req.batches,
+            deadline=deadline,
+            concurrency=req.concurrency,
+            rounds=req.concurrency_rounds,
+            requests=req.concurrency_requests,
+            warmup=min(req.warmup, 2),
+            min_round_s=req.concurrency_round_s,
+        )
+        if curve["pick"] is not None:
+            batch, instances = curve["pick"]["batch"], curve["pick"]["instances"]
+    return {
+        "batch": batch,
+        "instances": instances,
+        "basis": "throughput-vs-concurrency curve" if curve else "one request at a time, as timed",
+        "throughput": curve["pick"]["throughput"] if curve and curve["pick"] else chosen.throughput,
+        "curve": curve,
+        "triton": triton_serving(chosen.target, chosen.settings, batch, instances),
+    }
 
 
 def tune_model(
@@ -167,11 +222,13 @@ def tune_model(
             f"budget spent during timing: {measurement['rounds']} of {req.rounds} rounds run"
         )
     rec = recommend(candidates, req.objective, req.max_p99_ms)
+    by_key = {c.key: c for c in candidates}
+    if rec is not None:
+        rec["serving"] = _serving_pick(req, rec, by_key[rec["id"]], formats, spec, deadline, emit)
     profiles: dict[str, Any] = {}
     notes = []
     if rec is not None and req.profile:
         chosen = [rec["id"]] + ([rec["runner_up"]["id"]] if rec.get("runner_up") else [])
-        by_key = {c.key: c for c in candidates}
         for role, key in zip(("recommendation", "runner_up"), chosen, strict=False):
             c = by_key[key]
             profiles[role] = profile_candidate(c, formats[c.target], spec, runs=req.profile_runs)
@@ -197,8 +254,8 @@ def tune_model(
             where = record_tune(repository, published, tune_section(rec, profiles, measurement))
             published["manifest_tune"] = where
         notes.append(
-            "published the recommended artifact with the tune in its manifest; its engine settings are not yet in "
-            "the serving config"
+            "published the recommended artifact with the tune in its manifest; its Triton config (if the target has "
+            "one) carries the measured engine settings, instance count and batch"
         )
     return TuneReport(
         model=str(req.model),

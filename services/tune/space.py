@@ -16,7 +16,15 @@ from typing import Any
 from services.descriptors import registry
 from services.graph.engines import ENGINES
 
-__all__ = ["TUNABLE_TARGETS", "default_targets", "precisions_for", "runner_options", "settings_grid", "thread_counts"]
+__all__ = [
+    "TUNABLE_TARGETS",
+    "default_targets",
+    "precisions_for",
+    "runner_options",
+    "settings_grid",
+    "thread_counts",
+    "triton_serving",
+]
 
 #: Targets with a settings grid, in the order they are tried; the default search covers the installed ones.
 TUNABLE_TARGETS = ("onnxruntime", "openvino", "tflite")
@@ -81,3 +89,24 @@ def runner_options(target: str, settings: dict[str, Any]) -> dict[str, Any]:
     if target == "tflite":
         return {"threads": settings.get("threads"), "xnnpack": settings.get("xnnpack", True)}
     return dict(settings)
+
+
+def triton_serving(target: str, settings: dict[str, Any], batch: int, instances: int) -> dict[str, Any]:
+    """Return the spec's ``serving.triton`` that serves ``target`` as measured: these settings, instances, batch.
+
+    The engine settings map onto the same knobs the runner took (services/runners), so the
+    published config.pbtxt runs the artifact as it was timed.
+    """
+    out: dict[str, Any] = {"instance_count": instances}
+    # Kiln publishes OpenVINO with Triton's batching off (services/exporters/openvino.py): clients
+    # send the measured batch themselves, there is no dynamic batcher to prefer it.
+    if batch > 1 and target != "openvino":
+        out["preferred_batch_sizes"] = [batch]
+    if target == "onnxruntime":
+        out["threads"] = settings.get("threads")
+        out["onnxruntime_optimization"] = settings.get("optimization")
+    elif target == "openvino":
+        out["threads"] = settings.get("threads")
+        out["openvino_streams"] = settings.get("streams")
+        out["openvino_hint"] = settings.get("hint")
+    return {k: v for k, v in out.items() if v is not None}
