@@ -50,8 +50,6 @@ _ONNX2TF_LSTM = (
 
 #: Failures understood and accepted, each with the reason: (source substring, target, code) -> why.
 KNOWN_LIMITS: dict[tuple[str, str, str], str] = {
-    ("EfficientNetB0", "mnn", "PARITY_FAILED"): "random weights give a near-uniform softmax (top-1/top-2 gap "
-    "< 1e-6 on random images); MNN's fp32 differences, inside atol/rtol, flip the argmax: top-1 agreement 50 %",
     ("LSTM", "tflite", "CONVERSION_FAILED"): _ONNX2TF_LSTM,
     ("LSTM", "tfserving", "CONVERSION_FAILED"): _ONNX2TF_LSTM,
     ("LSTM", "tvm", "CONVERSION_FAILED"): "TVM 0.27's Relax ONNX frontend has no LSTM operator",

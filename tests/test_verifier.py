@@ -69,6 +69,32 @@ def test_the_issues_int8_map_is_refused_though_its_cosine_is_0_9994() -> None:
     assert not report.passed and any("Pearson" in f for f in report.failures)
 
 
+def test_a_source_varying_within_its_own_rounding_is_judged_by_allclose_not_snr() -> None:
+    """Random-weight EfficientNetB0's softmax rows are 1e-3 +- 1.2e-9 in float32, about ten ULPs:
+    a correct fp32 artifact's rounding alone scored SNR 3.5 dB. No artifact can meet 40 dB there,
+    so such samples are judged by atol/rtol, cosine and top-1, and counted; a scaled artifact
+    still fails, and a source that varies well above its rounding keeps every centred measure."""
+    rng = np.random.default_rng(4)
+    ref = [(1e-3 + 1.2e-9 * rng.standard_normal((1, 1000))).astype(np.float32) for _ in range(4)]
+    ulp = np.spacing(np.float32(1e-3))
+    rounded = [(r + ulp * rng.integers(-3, 4, r.shape)).astype(np.float32) for r in ref]
+    tol = DEFAULT_TOLERANCES[Precision.FP32]
+    out = compare_outputs("predictions", rounded, ref, tol)
+    assert out.rounding_level == 4 and out.snr_db is None and out.pearson is None
+    report = check_parity(
+        [{"p": a} for a in rounded], [{"p": r} for r in ref], tol, inputs_from="t", raise_on_failure=False
+    )
+    assert report.passed, report.failures
+    doubled = check_parity(
+        [{"p": 2 * r} for r in ref], [{"p": r} for r in ref], tol, inputs_from="t", raise_on_failure=False
+    )
+    assert not doubled.passed and any("max_abs" in f for f in doubled.failures), doubled.failures
+    wide = [(1e-3 + 1e-5 * rng.standard_normal((1, 1000))).astype(np.float32) for _ in range(4)]
+    noisy = [(w + 3e-6 * rng.standard_normal(w.shape)).astype(np.float32) for w in wide]  # ~10 dB
+    judged = compare_outputs("predictions", noisy, wide, tol)
+    assert judged.rounding_level == 0 and judged.snr_db is not None and judged.snr_db < tol.min_snr_db
+
+
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_scale_and_bias_fail_at_every_precision(precision: str) -> None:
     rng = np.random.default_rng(1)

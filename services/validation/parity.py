@@ -50,6 +50,8 @@ class OutputParity:
     top1_positions: int = 0
     scale: float | None = None  # least-squares slope of the artifact on the source, the worst sample's
     bias: float | None = None  # mean error in the source's standard deviations, the worst sample's
+    #: samples whose source varies within its own float rounding (metrics.py's _resolvable): no centred measure
+    rounding_level: int = 0
 
 
 @dataclass
@@ -154,6 +156,7 @@ def compare_outputs(
         top1_positions=m.top1_positions,
         scale=m.scale,
         bias=m.bias,
+        rounding_level=m.rounding_level,
     )
 
 
