@@ -166,7 +166,8 @@ def export_onnxruntime(ctx: StepContext) -> Artifact:
             fp32_baseline=src,  # the optimised fp32 model this export started from
         )
     except ParityFailed as exc:
-        auto = details.get("int8", {}).get("auto_exclude") if isinstance(details.get("int8"), dict) else None
+        int8_details = details.get("int8")
+        auto = int8_details.get("auto_exclude") if isinstance(int8_details, dict) else None
         if isinstance(auto, dict) and auto.get("needed"):
             tried = ", ".join(f"{a['excluded']} nodes in float: SNR {a['worst_snr_db']} dB" for a in auto["attempts"])
             exc.message += f"; leaving the most sensitive nodes in float did not reach the bounds ({tried})"

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from services.descriptors.onnxruntime import OnnxRuntimeInt8Options
+from services.errors import ConversionFailed, KilnError
 from services.onnx_io import load_onnx, save_onnx
 from services.spec import Tolerances
 
@@ -139,17 +140,28 @@ def quantize_int8(
         )
 
     try:
-        quantize({})
-    except ValueError as exc:
-        if "truth value of an array" not in str(exc):
-            raise
-        # onnxruntime's int32-bias weight-scale adjustment indexes a bias as if it were 1-D; a
-        # Gemm bias shaped [1, N] (as Paddle and older exporters write it) makes it compare
-        # arrays (measured with onnxruntime 1.32 on PP-OCR models and a one-Gemm graph). Without
-        # the adjustment a bias past int32 at the chosen scales is clipped, which the parity gate
-        # then sees; the manifest records that it was skipped.
-        settings["int32_bias_weight_adjustment"] = "skipped: onnxruntime cannot adjust a bias that is not 1-D"
-        quantize({"QDQDisableWeightAdjustForInt32Bias": True})
+        try:
+            quantize({})
+        except ValueError as exc:
+            if "truth value of an array" not in str(exc) or opts.quant_format != "qdq":
+                raise
+            # onnxruntime's int32-bias weight-scale adjustment indexes a bias as if it were 1-D; a
+            # Gemm bias shaped [1, N] (as Paddle and older exporters write it) makes it compare
+            # arrays (measured with onnxruntime 1.32 on PP-OCR models and a one-Gemm graph). Without
+            # the adjustment a bias past int32 at the chosen scales is clipped, which the parity gate
+            # then sees; the manifest records that it was skipped. QOperator has no such switch.
+            settings["int32_bias_weight_adjustment"] = "skipped: onnxruntime cannot adjust a bias that is not 1-D"
+            quantize({"QDQDisableWeightAdjustForInt32Bias": True})
+    except KilnError:
+        raise
+    except Exception as exc:  # the quantiser's own limits (e.g. Entropy's "Too many bins") are the user's to see
+        raise ConversionFailed(
+            f"onnxruntime could not quantise the model ({settings['format']}, {settings['calibration_method']}): "
+            f"{type(exc).__name__}: {str(exc)[:300]}",
+            hint="Try other options.onnxruntime.int8 (calibrate_method minmax, quant_format qdq, per_channel false), "
+            "or leave the node it names in float with nodes_to_exclude.",
+            tool="onnxruntime.quantization",
+        ) from exc
     return settings
 
 
@@ -161,7 +173,6 @@ def _opset_for_per_channel(path: Path) -> dict[str, object] | None:
     (INVALID_GRAPH: "Unrecognized attribute: axis"). When the converter cannot upgrade the
     graph, quantisation stays per-tensor, which every opset accepts.
     """
-    from services.errors import KilnError
     from services.passes.opset_upgrade import upgrade_opset
 
     model = load_onnx(path)
@@ -183,6 +194,16 @@ def _run(path: Path, feeds: Sequence[dict[str, np.ndarray]]) -> list[dict[str, n
     names = [o.name for o in sess.get_outputs()]
     wanted = {i.name for i in sess.get_inputs()}
     return [dict(zip(names, sess.run(None, {k: v for k, v in f.items() if k in wanted}), strict=True)) for f in feeds]
+
+
+def _cannot_run(path: Path, feeds: Sequence[dict[str, np.ndarray]]) -> str | None:
+    """Return why onnxruntime cannot load or run the model at ``path`` on ``feeds`` (None: it runs)."""
+    try:
+        _run(path, feeds)
+    except Exception as exc:  # onnxruntime's own error types; the message is what the user needs
+        text = str(exc)
+        return text[text.find("Status Message:") :][:300] if "Status Message:" in text else text[:300]
+    return None
 
 
 def _check(
@@ -294,6 +315,21 @@ def quantize_with_exclusion(
     """
     pre = preprocess(src, scratch)
     settings = quantize_int8(src, dst, feeds, scratch, options, preprocessed=pre)
+    refused = _cannot_run(dst, feeds[:1])
+    if refused and options.per_channel:
+        # onnxruntime 1.32 writes per-channel DequantizeLinear nodes for weights that reach a node
+        # through a Reshape (magika's Dense layers) with scales its own kernel then refuses
+        # ("scale must be 1D tensor with size 1"); per-tensor weights run.
+        options = options.model_copy(update={"per_channel": False})
+        settings = quantize_int8(src, dst, feeds, scratch, options, preprocessed=pre)
+        settings["per_channel_refused"] = f"onnxruntime cannot run its own per-channel graph: {refused}"
+        refused = _cannot_run(dst, feeds[:1])
+    if refused:
+        raise ConversionFailed(
+            f"onnxruntime cannot run the int8 graph its quantiser wrote: {refused}",
+            hint="Try other options.onnxruntime.int8 (quant_format qdq, per_channel false), or compile at fp32/fp16.",
+            tool="onnxruntime.quantization",
+        )
     if not options.auto_exclude:
         return settings
     check_feeds = feeds[:CHECK_SAMPLES]
