@@ -169,7 +169,10 @@ def export_onnxruntime(ctx: StepContext) -> Artifact:
         int8_details = details.get("int8")
         auto = int8_details.get("auto_exclude") if isinstance(int8_details, dict) else None
         if isinstance(auto, dict) and auto.get("needed"):
-            tried = ", ".join(f"{a['excluded']} nodes in float: SNR {a['worst_snr_db']} dB" for a in auto["attempts"])
+            tried = ", ".join(
+                f"{a.get('tried', 'as asked')} ({a['excluded']} in float): SNR {a['worst_snr_db']} dB"
+                for a in auto["attempts"]
+            )
             exc.message += f"; leaving the most sensitive nodes in float did not reach the bounds ({tried})"
             exc.details["int8"] = details["int8"]
         raise
