@@ -138,13 +138,21 @@ def export_onnxruntime(ctx: StepContext) -> Artifact:
                 tool="MatMulNBitsQuantizer",
             )
     else:
-        feeds, label = calibration_feeds(load_reference(ctx.reference))
+        ref = load_reference(ctx.reference)
+        feeds, label = calibration_feeds(ref)
         ctx.progress(f"quantising to int8 on {len(feeds)} samples ({label})")
         scratch = ctx.scratch / "ort-int8"
         scratch.mkdir(parents=True, exist_ok=True)
         options = ctx.spec.engine_options(OnnxRuntimeOptions).int8
         int8 = quantize_with_exclusion(
-            src, dst, feeds, scratch, options, ctx.spec.tolerances_for(precision), progress=ctx.progress
+            src,
+            dst,
+            feeds,
+            scratch,
+            options,
+            ctx.spec.tolerances_for(precision),
+            progress=ctx.progress,
+            probe=ref.inputs[:2],
         )
         details["int8"] = {**int8, "calibration_data": label}
         warnings = calibration_warnings(label)

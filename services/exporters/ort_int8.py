@@ -189,19 +189,28 @@ def _opset_for_per_channel(path: Path) -> dict[str, object] | None:
     return {"from": opset, "to": PER_CHANNEL_OPSET, "why": "per-channel int8 weights need DequantizeLinear's axis"}
 
 
-def _run(path: Path, feeds: Sequence[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+def _run(path: Path, feeds: Sequence[dict[str, np.ndarray]], *, optimized: bool = True) -> list[dict[str, np.ndarray]]:
     import onnxruntime as ort
 
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    opts = ort.SessionOptions()
+    if not optimized:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
     wanted = {i.name for i in sess.get_inputs()}
     return [dict(zip(names, sess.run(None, {k: v for k, v in f.items() if k in wanted}), strict=True)) for f in feeds]
 
 
 def _cannot_run(path: Path, feeds: Sequence[dict[str, np.ndarray]]) -> str | None:
-    """Return why onnxruntime cannot load or run the model at ``path`` on ``feeds`` (None: it runs)."""
+    """Return why onnxruntime cannot load or run the model at ``path`` on ``feeds`` (None: it runs).
+
+    Run twice: optimised, and with no graph optimisation, as a server set to another level (or
+    the ranking's debug sessions) would; a graph that runs only once onnxruntime has folded it
+    is not sound.
+    """
     try:
         _run(path, feeds)
+        _run(path, feeds[:1], optimized=False)
     except Exception as exc:  # onnxruntime's own error types; the message is what the user needs
         text = str(exc)
         return text[text.find("Status Message:") :][:300] if "Status Message:" in text else text[:300]
@@ -314,8 +323,12 @@ def quantize_with_exclusion(
     options: OnnxRuntimeInt8Options,
     tol: Tolerances,
     progress: Callable[[str], None] = lambda _m: None,
+    probe: Sequence[dict[str, np.ndarray]] = (),
 ) -> dict[str, object]:
     """Quantise ``src`` to ``dst``; if it misses ``tol`` against fp32 on the calibration samples, leave nodes in float.
+
+    ``probe``: feeds the artifact must also run on (the parity feeds, whose batch may be larger
+    than the calibration samples'); only whether it runs is asked of them, never its outputs.
 
     Returns the settings, with ``auto_exclude``: each attempt's calibration-sample verdict and,
     when nodes were left in float by it, which and what each lost when quantised. The artifact
@@ -323,15 +336,17 @@ def quantize_with_exclusion(
     """
     pre = preprocess(src, scratch)
     settings = quantize_int8(src, dst, feeds, scratch, options, preprocessed=pre)
-    refused = _cannot_run(dst, feeds[:1])
+    runs_on = [*feeds[:1], *probe]
+    refused = _cannot_run(dst, runs_on)
     if refused and options.per_channel:
-        # onnxruntime 1.32 writes per-channel DequantizeLinear nodes for weights that reach a node
-        # through a Reshape (magika's Dense layers) with scales its own kernel then refuses
-        # ("scale must be 1D tensor with size 1"); per-tensor weights run.
+        # onnxruntime 1.32 gives a [1, N] constant (magika's Dense bias, named after the Reshape that
+        # made it) per-channel scales on axis 0, of N entries; its own DequantizeLinear kernel then
+        # refuses them ("scale must be 1D tensor with size 1") unless constant folding hides it.
+        # Per-tensor scales run.
         options = options.model_copy(update={"per_channel": False})
         settings = quantize_int8(src, dst, feeds, scratch, options, preprocessed=pre)
         settings["per_channel_refused"] = f"onnxruntime cannot run its own per-channel graph: {refused}"
-        refused = _cannot_run(dst, feeds[:1])
+        refused = _cannot_run(dst, runs_on)
     if refused:
         raise ConversionFailed(
             f"onnxruntime cannot run the int8 graph its quantiser wrote: {refused}",
