@@ -290,7 +290,10 @@ def rank_sensitive_nodes(
             return None
         if noise[name] <= signal[name] * 10 ** (-EXACT_DB / 10):
             return EXACT_DB
-        return 10 * math.log10(max(signal[name], 1e-30) / noise[name])
+        ratio = max(signal[name], 1e-30) / noise[name]
+        if not math.isfinite(ratio) or ratio <= 0:  # an inf or NaN in the int8 tensor (or the fp32 one)
+            return -EXACT_DB
+        return max(10 * math.log10(ratio), -EXACT_DB)
 
     def as_read(output: str) -> str:
         # What consumers read: the DequantizeLinear after the output's own QuantizeLinear, when there is one.
