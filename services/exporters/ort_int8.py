@@ -213,7 +213,11 @@ def _cannot_run(path: Path, feeds: Sequence[dict[str, np.ndarray]]) -> str | Non
         _run(path, feeds[:1], optimized=False)
     except Exception as exc:  # onnxruntime's own error types; the message is what the user needs
         text = str(exc)
-        return text[text.find("Status Message:") :][:300] if "Status Message:" in text else text[:300]
+        if "Status Message:" not in text:
+            return text[:300]
+        # The node it names, then the kernel's own words (the end: the source location comes first).
+        where, _, why = text.partition("Status Message:")
+        return f"{where[where.find('running') :][:160].strip()} {why.strip()[-200:]}"
     return None
 
 
