@@ -416,7 +416,7 @@ def quantize_with_exclusion(
             candidates[f"every {t}"] = {
                 n: f"op type {t} left in float" for n, o in op_type.items() if o == t and n not in chosen
             }
-        tried = []
+        tried: list[tuple[tuple[bool, float], Path, dict[str, str], dict[str, object]]] = []
         for label, extra in candidates.items():
             out = attempt_dir / f"round-{round_}-{len(tried)}.onnx"
             trial = {**chosen, **extra}
