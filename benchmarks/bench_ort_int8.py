@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kiln_testing import real_models
 from kiln_testing.timing import median_ratio, run_by_run
-from services.descriptors.onnxruntime import MAX_AUTO_EXCLUDE_ROUNDS, OnnxRuntimeInt8Options
+from services.descriptors.onnxruntime import OnnxRuntimeInt8Options
 from services.exporters.ort_int8 import preprocess, quantize_int8
 from services.pipeline import compile_model
 from services.repository.local import LocalModelRepository
@@ -145,8 +145,8 @@ def measure(name: str, root: Path, n_calib: int, n_held: int) -> dict[str, Any]:
     rows.append(_kiln(name, model, src, stacked, work, {}))
     print(json.dumps({"model": name, **rows[-1]}, default=str), flush=True)
     if rows[-1]["status"] != "succeeded" and rows[-1]["auto_exclude"]["attempts"]:
-        # The most a user can ask of auto_exclude: twice the default rounds (each doubles the share left in float).
-        rows.append(_kiln(name, model, src, stacked, work, {"auto_exclude_rounds": MAX_AUTO_EXCLUDE_ROUNDS}))
+        # What a user would try next: the calibration that did best above, with auto_exclude again.
+        rows.append(_kiln(name, model, src, stacked, work, {"calibrate_method": "percentile"}))
         print(json.dumps({"model": name, **rows[-1]}, default=str), flush=True)
     return {"model": name, "rows": rows}
 
@@ -174,7 +174,7 @@ def _kiln(
     repo = work / "repo"
     result = compile_model(src, spec, store=LocalArtifactStore(work / "store"), repository=LocalModelRepository(repo))
     t = result.targets["onnxruntime"]
-    label = f"kiln compile, auto_exclude {int8.get('auto_exclude_rounds', 4)} rounds"
+    label = "kiln compile, auto_exclude" + "".join(f", {k} {v}" for k, v in int8.items())
     row: dict[str, Any] = {"variant": label, "status": t.status}
     details = (t.error or {}).get("details") or {}
     parity = t.parity or details.get("parity")

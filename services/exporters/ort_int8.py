@@ -31,6 +31,8 @@ PER_CHANNEL_OPSET = 13  # DequantizeLinear's `axis` (per-channel scales) came in
 #: node that loses the signal, few enough that each of a detector's intermediate tensors fits.
 CHECK_SAMPLES = 8
 RANK_SAMPLES = 2
+#: What the fallback's own check adds to the SNR bound, since it runs on in-sample data.
+CHECK_MARGIN_DB = 2.0
 #: Share of the graph's nodes the first round leaves in float; each later round doubles it.
 FIRST_ROUND_SHARE = 0.02
 #: Each round after the first also tries leaving every node of the op types that lose most in float.
@@ -364,11 +366,15 @@ def quantize_with_exclusion(
         return settings
     check_feeds = feeds[:CHECK_SAMPLES]
     expected = _run(pre[0], check_feeds)
+    if tol.min_snr_db is not None:
+        # The calibration samples set the ranges they are checked on: in sample, int8 looks better
+        # than on the held-out parity samples (PP-OCRv4 det, Percentile: 9.65 dB here, 8.8 there).
+        tol = tol.model_copy(update={"min_snr_db": tol.min_snr_db + CHECK_MARGIN_DB})
     verdict = _check(dst, check_feeds, expected, tol)
     attempts: list[dict[str, Any]] = [{"excluded": 0, **verdict}]
     report: dict[str, Any] = {
         "attempts": attempts,
-        "checked_on": f"{len(check_feeds)} calibration samples against fp32",
+        "checked_on": f"{len(check_feeds)} calibration samples against fp32, SNR bound raised {CHECK_MARGIN_DB} dB",
     }
     settings["auto_exclude"] = report
     if verdict["passed"]:
