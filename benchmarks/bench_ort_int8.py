@@ -128,7 +128,7 @@ def measure(name: str, root: Path, n_calib: int, n_held: int) -> dict[str, Any]:
     fp32 = _Session(src)
     expected = [fp32.run(f) for f in held]
     pre = preprocess(src, work)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for label, opts in VARIANTS.items():
         dst = work / f"{len(rows)}.onnx"
         started = time.perf_counter()
@@ -212,18 +212,30 @@ def main() -> None:
             results.append(measure(name, Path(tmp), args.calib, args.held_out))
     if args.out:
         args.out.write_text(json.dumps(results, indent=1, default=str))
-    print("\n| model | variant | worst SNR dB | worst Pearson | default bounds | int8 p50 / fp32 p50 |")
+    print(
+        "\n| model | variant | worst-sample SNR dB | worst Pearson | default bounds | int8 p50 / fp32 p50 (1 thread) |"
+    )
     print("|---|---|---|---|---|---|")
     for r in results:
         for row in r["rows"]:
-            if "error" in row and "snr_db" not in row:
-                print(f"| {r['model']} | {row['variant']} | - | - | {row['error'][:80]} | - |")
-                continue
-            verdict = "pass" if row.get("passed") else "fail"
-            ratio = f"{row['ratio']:.2f}x" if "ratio" in row else "-"
-            print(
-                f"| {r['model']} | {row['variant']} | {row.get('snr_db')} | {row.get('pearson')} | {verdict} | {ratio} |"
-            )
+            print(f"| {r['model']} | {row['variant']} | " + " | ".join(_cells(row)) + " |")
+
+
+def _cells(row: dict[str, Any]) -> list[str]:
+    """Return a result row's table cells: SNR, Pearson, verdict (with what auto_exclude did), latency."""
+    snr = f"{row['snr_db']:.1f}" if row.get("snr_db") is not None else "–"
+    pearson = f"{row['pearson']:.3f}" if row.get("pearson") is not None else "–"
+    if "snr_db" not in row and "error" in row:
+        verdict = "error: " + row["error"].split("Status Message")[0][:90].replace("|", "/")
+    else:
+        verdict = "**pass**" if row.get("passed") else "fail"
+    auto = row.get("auto_exclude")
+    if auto:
+        n = len(auto["left_in_float"])
+        verdict += f"; {n} nodes left in float" if n else ("; none needed" if len(auto["attempts"]) == 1 else "")
+        verdict += ", published" if row.get("status") == "succeeded" else ", not published"
+    ratio = f"{row['ratio']:.2f} ({row['p50_ms']:.1f} / {row['fp32_p50_ms']:.1f} ms)" if "ratio" in row else "–"
+    return [snr, pearson, verdict, ratio]
 
 
 if __name__ == "__main__":
