@@ -8,7 +8,8 @@ default int8 bounds: worst output's worst-sample SNR and Pearson, pass or fail. 
 is timed beside the fp32 model's, one thread each, run by run (kiln_testing/timing.py), batch 1.
 
 Then the model is compiled by Kiln itself (services.pipeline.compile_model, default options:
-auto_exclude on) with the same samples as calibration data: published or not, and why.
+auto_exclude on) with the same samples as calibration data: published or not, and why; where
+that fails, again with ``calibrate_method: percentile`` (auto_exclude still on).
 
     python benchmarks/bench_ort_int8.py [--models a,b] [--calib 16] [--held-out 8] [--out r.json]
 
