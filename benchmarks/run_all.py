@@ -56,6 +56,7 @@ SCRIPTS: tuple[Script, ...] = (
     Script("bench_parity_bounds.py", needs="PyPI (real models, kiln_testing/real_models.py)"),
     Script("bench_parity_cost.py", ("--rounds", "5"), needs="PyPI (real models)"),
     Script("bench_real_model_targets.py", needs="PyPI (real models)"),
+    Script("bench_ort_int8.py", needs="PyPI (real models)"),
     Script("bench_tune.py"),
     Script("bench_sandbox.py"),
     Script("bench_large_model.py", ("--baseline", BASELINE, "--mib", "512", "--runs", "3")),

@@ -2,7 +2,64 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
 from services.descriptors._types import EngineDescriptor, FormatDescriptor, TargetDescriptor, WorkerImage
+
+__all__ = ["DESCRIPTORS", "MAX_AUTO_EXCLUDE_ROUNDS", "OnnxRuntimeInt8Options", "OnnxRuntimeOptions"]
+
+#: Each round re-calibrates the whole model; past a handful the artifact is mostly float anyway.
+MAX_AUTO_EXCLUDE_ROUNDS = 8
+
+
+class OnnxRuntimeInt8Options(BaseModel):
+    """Static int8 quantisation (``options.onnxruntime.int8``), in onnxruntime.quantization's own terms."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    calibrate_method: Literal["minmax", "entropy", "percentile"] = Field(
+        default="minmax",
+        description="quantize_static's calibrate_method: MinMax, Entropy (KL) or Percentile (99.999) activation ranges.",
+    )
+    quant_format: Literal["qdq", "qoperator"] = Field(
+        default="qdq",
+        description="QDQ (QuantizeLinear/DequantizeLinear around float ops) or QOperator (QLinearConv, QLinearMatMul...).",
+    )
+    per_channel: bool = Field(default=True, description="Per-output-channel weight scales (needs opset 13; upgraded).")
+    activation_symmetric: bool = Field(
+        default=False, description="extra_options ActivationSymmetric: activation ranges centred on zero."
+    )
+    nodes_to_exclude: list[str] = Field(
+        default_factory=list, max_length=10_000, description="Node names left in float (quantize_static's own list)."
+    )
+    op_types_to_exclude: list[str] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Op types left in float wherever they occur (e.g. Softmax, Sigmoid).",
+    )
+    auto_exclude: bool = Field(
+        default=True,
+        description=(
+            "When the int8 model disagrees with fp32 on the calibration samples beyond the parity bounds, leave the "
+            "nodes that lose most to quantisation in float and quantise again, until it agrees or the rounds run out."
+        ),
+    )
+    auto_exclude_rounds: int = Field(
+        default=4, ge=1, le=MAX_AUTO_EXCLUDE_ROUNDS, description="At most this many re-quantisations by auto_exclude."
+    )
+
+
+class OnnxRuntimeOptions(BaseModel):
+    """onnxruntime settings (``options.onnxruntime``): how the int8 artifact is quantised."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    int8: OnnxRuntimeInt8Options = Field(
+        default_factory=OnnxRuntimeInt8Options, description="Static int8 quantisation (precision int8)."
+    )
+
 
 DESCRIPTORS = (
     EngineDescriptor(
@@ -27,6 +84,7 @@ DESCRIPTORS = (
         # opencv-python-headless (the onnxruntime extra) the Caffe reference runner (services/descriptors/caffe.py).
         image=WorkerImage(extras=("onnxruntime", "torch", "service")),
         preload=("onnxruntime", "services.exporters.onnxruntime", "services.passes.step"),
+        options=OnnxRuntimeOptions,
     ),
     FormatDescriptor(
         name="onnx",

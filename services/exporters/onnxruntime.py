@@ -1,8 +1,10 @@
 """The onnxruntime target: the optimised model.onnx at fp32, fp16 or int8, served by Triton.
 
 fp16 uses onnxruntime's own float16 converter with fp32 inputs and outputs kept (callers
-need not change their feeds); int8 is onnxruntime's static QDQ quantisation calibrated on
-the job's calibration data (or generated samples, labelled as such in the report); int4 is
+need not change their feeds); int8 is onnxruntime's static quantisation calibrated on the
+job's calibration data (or generated samples, labelled as such in the report), with the
+choices of ``options.onnxruntime.int8`` and, where it loses too much, the most sensitive nodes
+left in float (services/exporters/ort_int8.py); int4 is
 weight-only MatMulNBits (services/exporters/onnx_int4.py), refused when no MatMul qualifies.
 """
 
@@ -11,11 +13,11 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import numpy as np
-
 from services.artifacts import DESCRIPTOR, Artifact
-from services.errors import ConversionFailed
+from services.descriptors.onnxruntime import OnnxRuntimeOptions
+from services.errors import ConversionFailed, ParityFailed
 from services.exporters._common import calibration_feeds, calibration_warnings, finish_export
+from services.exporters.ort_int8 import quantize_int8, quantize_with_exclusion
 from services.formats import Format
 from services.onnx_io import load_onnx, save_onnx
 from services.repository.layouts import OVMS_F32
@@ -23,7 +25,7 @@ from services.spec import Precision
 from services.steps.context import StepContext
 from services.steps.reference import load_reference
 
-__all__ = ["export_onnxruntime", "quantize_int8", "to_fp16"]
+__all__ = ["export_onnxruntime", "quantize_int8", "to_fp16"]  # quantize_int8: services/exporters/ort_int8.py
 
 MODEL_FILE = "model.onnx"
 SERVING = {"triton": {"platform": "onnxruntime_onnx"}, "ovms": OVMS_F32}
@@ -45,100 +47,6 @@ def to_fp16(src: Path, dst: Path, *, drop_shapes: bool = False) -> None:
     if drop_shapes:
         drop_value_info(fp16)
     save_onnx(fp16, dst)
-
-
-class _Feeds:
-    """onnxruntime's CalibrationDataReader protocol over a list of feeds."""
-
-    def __init__(self, feeds: list[dict[str, np.ndarray]]) -> None:
-        self._it = iter(feeds)
-
-    def get_next(self) -> dict[str, np.ndarray] | None:
-        return next(self._it, None)
-
-    def rewind(self) -> None:  # pragma: no cover - onnxruntime may call it between passes
-        pass
-
-
-def quantize_int8(src: Path, dst: Path, feeds: list[dict[str, np.ndarray]], scratch: Path) -> dict[str, object]:
-    """Quantise ``src`` to int8 QDQ with static calibration on ``feeds``; return the settings used."""
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
-    from onnxruntime.quantization.shape_inference import quant_pre_process
-
-    pre = scratch / "preprocessed.onnx"
-    quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
-    # MinMax stays the calibration method: measured on held-out rows, the alternatives were no
-    # better and some worse. The tests' CNN, transformer block and two-input Keras model gave
-    # the same cosine to 1e-5 with Percentile (99.99 / 99.999); CalibMovingAverage (a mean of
-    # per-batch extremes) clipped the two-input model's short activation vectors (cosine 0.995
-    # -> 0.85); on MobileNetV2 0.35 (five calibration draws) Percentile moved cosine by less
-    # than the draw-to-draw spread (MinMax 0.958-0.975). Entropy, through quantize_static,
-    # keeps ORT's fixed 128 bins for 128 quantized bins and so reduces to MinMax exactly.
-    settings: dict[str, object] = {
-        "format": "QDQ",
-        "activations": "QUInt8",
-        "weights": "QInt8",
-        "per_channel": True,
-        "calibration_method": "MinMax",
-        "samples": len(feeds),
-    }
-    upgrade = _opset_for_per_channel(pre)
-    if upgrade is not None:
-        settings["opset_upgrade"] = upgrade
-        settings["per_channel"] = upgrade["to"] == PER_CHANNEL_OPSET
-
-    def quantize(extra_options: dict[str, object]) -> None:
-        quantize_static(
-            str(pre),
-            str(dst),
-            _Feeds(feeds),
-            quant_format=QuantFormat.QDQ,
-            activation_type=QuantType.QUInt8,
-            weight_type=QuantType.QInt8,
-            per_channel=bool(settings["per_channel"]),
-            calibrate_method=CalibrationMethod.MinMax,
-            extra_options=extra_options,
-        )
-
-    try:
-        quantize({})
-    except ValueError as exc:
-        if "truth value of an array" not in str(exc):
-            raise
-        # onnxruntime's int32-bias weight-scale adjustment indexes a bias as if it were 1-D; a
-        # Gemm bias shaped [1, N] (as Paddle and older exporters write it) makes it compare
-        # arrays (measured with onnxruntime 1.32 on PP-OCR models and a one-Gemm graph). Without
-        # the adjustment a bias past int32 at the chosen scales is clipped, which the parity gate
-        # then sees; the manifest records that it was skipped.
-        settings["int32_bias_weight_adjustment"] = "skipped: onnxruntime cannot adjust a bias that is not 1-D"
-        quantize({"QDQDisableWeightAdjustForInt32Bias": True})
-    return settings
-
-
-PER_CHANNEL_OPSET = 13  # DequantizeLinear's `axis` (per-channel scales) came in opset 13
-
-
-def _opset_for_per_channel(path: Path) -> dict[str, object] | None:
-    """Upgrade the model at ``path`` in place to opset 13 when it is older; return what was done.
-
-    onnxruntime's quantiser writes per-channel DequantizeLinear nodes with an ``axis`` whatever
-    the model's opset, and below opset 13 onnxruntime then refuses the graph it wrote
-    (INVALID_GRAPH: "Unrecognized attribute: axis"). When the converter cannot upgrade the
-    graph, quantisation stays per-tensor, which every opset accepts.
-    """
-    from services.errors import KilnError
-    from services.passes.opset_upgrade import upgrade_opset
-
-    model = load_onnx(path)
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), PER_CHANNEL_OPSET)
-    if opset >= PER_CHANNEL_OPSET:
-        return None
-    try:
-        upgraded, _ = upgrade_opset(model, minimum=PER_CHANNEL_OPSET)
-    except KilnError as exc:
-        return {"from": opset, "to": opset, "why": f"per-tensor weights: the opset could not be upgraded ({exc})"}
-    save_onnx(upgraded, path)
-    return {"from": opset, "to": PER_CHANNEL_OPSET, "why": "per-channel int8 weights need DequantizeLinear's axis"}
 
 
 def _write_fp32(src: Path, dst: Path) -> None:
@@ -230,19 +138,49 @@ def export_onnxruntime(ctx: StepContext) -> Artifact:
                 tool="MatMulNBitsQuantizer",
             )
     else:
-        feeds, label = calibration_feeds(load_reference(ctx.reference))
+        ref = load_reference(ctx.reference)
+        feeds, label = calibration_feeds(ref)
         ctx.progress(f"quantising to int8 on {len(feeds)} samples ({label})")
         scratch = ctx.scratch / "ort-int8"
         scratch.mkdir(parents=True, exist_ok=True)
-        details["int8"] = {**quantize_int8(src, dst, feeds, scratch), "calibration_data": label}
+        options = ctx.spec.engine_options(OnnxRuntimeOptions).int8
+        int8 = quantize_with_exclusion(
+            src,
+            dst,
+            feeds,
+            scratch,
+            options,
+            ctx.spec.tolerances_for(precision),
+            progress=ctx.progress,
+            probe=ref.inputs[:2],
+        )
+        details["int8"] = {**int8, "calibration_data": label}
         warnings = calibration_warnings(label)
-    return finish_export(
-        ctx,
-        fmt=Format.ONNX,
-        entry=MODEL_FILE,
-        precision=precision,
-        serving=SERVING,
-        engine_details=details,
-        warnings=warnings,
-        fp32_baseline=src,  # the optimised fp32 model this export started from
-    )
+        auto = int8.get("auto_exclude")
+        if isinstance(auto, dict) and auto.get("left_in_float"):
+            warnings.append(
+                f"{len(auto['left_in_float'])} node(s) left in float: quantised they lost the parity bounds on the "
+                "calibration samples (engine_details.int8.auto_exclude names them)"
+            )
+    try:
+        return finish_export(
+            ctx,
+            fmt=Format.ONNX,
+            entry=MODEL_FILE,
+            precision=precision,
+            serving=SERVING,
+            engine_details=details,
+            warnings=warnings,
+            fp32_baseline=src,  # the optimised fp32 model this export started from
+        )
+    except ParityFailed as exc:
+        int8_details = details.get("int8")
+        auto = int8_details.get("auto_exclude") if isinstance(int8_details, dict) else None
+        if isinstance(auto, dict) and auto.get("needed"):
+            tried = ", ".join(
+                f"{a.get('tried', 'as asked')} ({a['excluded']} in float): SNR {a['worst_snr_db']} dB"
+                for a in auto["attempts"]
+            )
+            exc.message += f"; leaving the most sensitive nodes in float did not reach the bounds ({tried})"
+            exc.details["int8"] = details["int8"]
+        raise
