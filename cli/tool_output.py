@@ -20,20 +20,8 @@ __all__ = ["tool_output_to", "tool_stdout_to_stderr"]
 def tool_output_to(log: Path) -> Iterator[Path]:
     """Redirect file descriptors 1 and 2 (this process and its children) to ``log`` until exit."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = {fd: os.dup(fd) for fd in (1, 2)}
-    with open(log, "ab") as sink:
-        try:
-            for fd in saved:
-                os.dup2(sink.fileno(), fd)
-            yield log
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            for fd, orig in saved.items():
-                os.dup2(orig, fd)
-                os.close(orig)
+    with open(log, "ab") as sink, _descriptors_to(sink.fileno(), (1, 2)):
+        yield log
 
 
 @contextmanager
@@ -43,12 +31,23 @@ def tool_stdout_to_stderr() -> Iterator[None]:
     ``--json`` promises a JSON document on stdout; engines print to descriptor 1 from C++
     (paddle2onnx's "[Paddle2ONNX] Start parsing ..." came before the document and broke it).
     """
+    with _descriptors_to(2, (1,)):
+        yield
+
+
+@contextmanager
+def _descriptors_to(target: int, fds: tuple[int, ...]) -> Iterator[None]:
+    """Point each of ``fds`` at descriptor ``target`` until exit, then restore them."""
     sys.stdout.flush()
-    saved = os.dup(1)
+    sys.stderr.flush()
+    saved = {fd: os.dup(fd) for fd in fds}
     try:
-        os.dup2(2, 1)
+        for fd in saved:
+            os.dup2(target, fd)
         yield
     finally:
         sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
+        sys.stderr.flush()
+        for fd, orig in saved.items():
+            os.dup2(orig, fd)
+            os.close(orig)

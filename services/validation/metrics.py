@@ -279,7 +279,10 @@ def measure_output(
     pooled = _Moments.pooled(moments)
     pooled_signal = pooled.signal() if pooled else None
     dtype = next((np.asarray(e).dtype for e in expected if np.asarray(e).dtype.kind == "f"), None)
-    pooled_resolvable = pooled is not None and _resolvable(pooled, unit, dtype, min_snr_db)
+    pooled_resolvable = pooled is not None and _resolvable(
+        pooled, unit, _rounding_floor(pooled, unit, dtype, min_snr_db)
+    )
+    floors = [_rounding_floor(m, unit, dtype, min_snr_db) for m in moments]
     per_sample: list[SampleMetrics] = []
     ties: list[float] = []  # per sample: the margin below which the source's top-1 is a tie
     rounding_level = 0
@@ -289,7 +292,7 @@ def measure_output(
         ties.append(_tie_margin(math.sqrt(signal) * unit if signal else None, atol, min_snr_db))
         if m.n == 0:
             continue
-        if not (_resolvable(m, unit, dtype, min_snr_db) if own else pooled_resolvable):
+        if not (_resolvable(m, unit, floors[i]) if own else pooled_resolvable):
             rounding_level += 1
             per_sample.append(SampleMetrics(i, m.n, None, None, m.cosine()))
             continue
@@ -332,7 +335,7 @@ def measure_output(
     if isinstance(resolved, int) and resolved >= 1 and expected:
         if np.ndim(expected[0]) == 2:  # a classifier's rows: each a decision the caller reads, all count
             # ... but one its own float rounding can flip (top two within the resolution floor).
-            ties = [_rounding_floor(m, unit, dtype, min_snr_db) for m in moments]
+            ties = floors
         top1, positions = _top1(a_rows, b_rows, resolved - 1, ties)  # a row has lost the batch axis
     return OutputMetrics(
         max_abs=max_abs,
@@ -354,7 +357,7 @@ def measure_output(
     )
 
 
-def _resolvable(m: _Moments, unit: float, dtype: np.dtype | None, min_snr_db: float | None) -> bool:
+def _resolvable(m: _Moments, unit: float, floor: float) -> bool:
     """Whether the source's spread in ``m`` is wide enough, against its values' own float resolution, to judge.
 
     Meeting an SNR bound of B dB needs an error below 10^(-B/20) of the source's standard
@@ -366,7 +369,7 @@ def _resolvable(m: _Moments, unit: float, dtype: np.dtype | None, min_snr_db: fl
     atol/rtol, cosine and top-1 alone, and counted in ``rounding_level``; a classifier row whose
     top two are closer than this floor is a tie of the source, as an exact tie is.
     """
-    return math.sqrt(m.var_b) * unit >= _rounding_floor(m, unit, dtype, min_snr_db)
+    return math.sqrt(m.var_b) * unit >= floor
 
 
 def _rounding_floor(m: _Moments, unit: float, dtype: np.dtype | None, min_snr_db: float | None) -> float:
