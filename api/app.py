@@ -25,6 +25,7 @@ from api.routes import compile as compile_routes
 from api.routes import jobs as job_routes
 from api.routes import plan as plan_routes
 from api.routes import service as service_routes
+from api.routes import tune as tune_routes
 from api.scratch import ApiScratch
 from api.sessions import session_keys
 from api.ui import install_dashboard
@@ -164,7 +165,7 @@ def create_app(
     state.worker_max_age = worker_max_age(settings)
     state.metrics = Metrics(state)
     install_error_handlers(app)
-    for module in (compile_routes, job_routes, plan_routes, service_routes):
+    for module in (compile_routes, tune_routes, job_routes, plan_routes, service_routes):
         app.include_router(module.router)
     install_dashboard(app, open_docs=open_docs)
     app.add_middleware(

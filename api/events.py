@@ -76,6 +76,11 @@ class ProgressEvent(_Event):
 
     type: Literal["progress"]
     message: str
+    tune: dict[str, Any] | None = Field(
+        default=None,
+        description="A tune job's step (POST /tune): what the line reports as data (`type`: tune_build, "
+        "tune_built, tune_measure, tune_candidates, tune_recommendation...), so pages can draw candidates as they arrive.",
+    )
 
 
 class StepFinishedEvent(_Event):

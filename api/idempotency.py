@@ -80,10 +80,11 @@ def _spec_value(text: str | None) -> Any:
         return text  # refused later as INVALID_SPEC; as text it still fingerprints
 
 
-def upload_fingerprint(upload: Upload, use_cache: bool) -> str:
-    """Return the fingerprint of an upload: spec, model and calibration (sha256 and name), cache flag."""
+def upload_fingerprint(upload: Upload, use_cache: bool, route: str = "compile") -> str:
+    """Return the fingerprint of an upload: spec (and a tune's options), model and calibration (sha256 and name), cache flag."""
     files = {name: [f.sha256, f.filename] for name, f in sorted(upload.files.items())}
-    return fingerprint(route="compile", spec=_spec_value(upload.fields.get("spec")), files=files, cache=use_cache)
+    extra = {"tune": _spec_value(upload.fields.get("tune"))} if route == "tune" else {}
+    return fingerprint(route=route, spec=_spec_value(upload.fields.get("spec")), files=files, cache=use_cache, **extra)
 
 
 def resubmit_fingerprint(job_id: str, spec: dict[str, Any] | None) -> str:

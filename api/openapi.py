@@ -25,6 +25,7 @@ from fastapi.routing import APIRoute
 from api.events import event_stream_schemas
 from api.openapi_errors import document_errors
 from services.spec import CompileSpec
+from services.tune.options import TuneOptions
 
 __all__ = ["complete_openapi", "operation_id", "response_header"]
 
@@ -75,6 +76,8 @@ def complete_openapi(app: FastAPI) -> None:
         for name, sub in spec_schema.pop("$defs", {}).items():
             schemas[name] = sub
         schemas["CompileSpec"] = spec_schema
+        # POST /tune's `tune` part, likewise pydantic's own (its defaults are the search's).
+        schemas["TuneOptions"] = TuneOptions.model_json_schema(ref_template="#/components/schemas/{model}")
         for name, sub in event_stream_schemas().items():
             schemas.setdefault(name, sub)
         _name_inline_bodies(doc)

@@ -129,6 +129,14 @@ class JobPublic(BaseModel):
     targets: dict[str, TargetPublic]
     steps: list[StepPublic]
     error: ErrorPublic | None = None
+    kind: Literal["compile", "tune"] = Field(default="compile", description="POST /compile's job, or POST /tune's.")
+    tune: dict[str, Any] | None = Field(
+        default=None,
+        description="A tune job's search, once it ran (as `kiln tune --json` prints it): objective, candidates "
+        "(target, precision, settings, batch, status, p50_ms, p99_ms, throughput...), recommendation (with "
+        "runner_up, margin and serving), profiles, cache reuse, wall time. Its `tune` target is the "
+        "recommendation's artifact.",
+    )
 
 
 class JobsPublic(BaseModel):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,10 @@ from services.storage.base import ArtifactStore
 from services.webhooks import WebhookPolicy, new_webhook, stored_spec
 from workers.queues import enqueue_steps
 
-__all__ = ["prepare_job", "resubmit", "start_job", "submit_job"]
+__all__ = ["Planner", "live_engines", "prepare_job", "resubmit", "start_job", "submit_job"]
+
+#: Plans a job from its detected source, its spec and the default model name.
+Planner = Callable[[DetectedSource, CompileSpec, str], Plan]
 
 log = logging.getLogger("kiln.api")
 
@@ -117,8 +120,12 @@ def prepare_job(
     live_engines: Collection[str] | None = None,
     vet: bool = True,
     webhooks: WebhookPolicy | None = None,
+    planner: Planner | None = None,
 ) -> NewJob:
     """Validate, detect and plan ``upload`` and put its files in the store; return the job to record.
+
+    ``planner`` plans the job from its detected source, spec and default name (default: the
+    compile planner's routes; a tune job's is services/tune/plan.py's).
 
     ``live_engines``: the engines with a live worker; a job needing another is refused
     (ENGINE_UNAVAILABLE) unless its spec sets ``wait_for_workers``. None skips the check.
@@ -151,7 +158,10 @@ def prepare_job(
     with tempfile.TemporaryDirectory(prefix="detect-", dir=scratch_root) as tmp:
         # Detection and archive vetting (UNSAFE_INPUT) happen here, before anything is stored.
         source = _open_vetted(model.path, Path(tmp), spec.source_format, model.sha256, vet)
-        plan = plan_routes(source.format, spec, registry, default_name=default_name)
+        if planner is None:
+            plan = plan_routes(source.format, spec, registry, default_name=default_name)
+        else:
+            plan = planner(source, spec, default_name)
         # What is wrong with the request is said first; a missing worker only after.
         _check_spec_inputs(source, spec)
         _target_preflights(source, spec)
@@ -198,6 +208,8 @@ def submit_job(
     idempotency: IdempotencyClaim | None = None,
     embedded: EmbeddedWorkers | None = None,
     webhooks: WebhookPolicy | None = None,
+    planner: Planner | None = None,
+    prepare: Callable[[Upload, set[str] | None], Planner] | None = None,
 ) -> str:
     """Accept ``upload`` for ``principal``'s tenant: record the job with its first steps queued, enqueue them; return its id.
 
@@ -206,13 +218,13 @@ def submit_job(
     removed whatever happens. ``idempotency``: the request's key, recorded with the job
     (KeyTaken when another job holds it; nothing is recorded then). ``embedded``: `kiln
     serve`'s own workers; the engines they are still starting count as served (the job waits).
+    ``planner``: as for :func:`prepare_job`; ``prepare`` returns it from the upload and the live
+    engines (None: no check), once those are known (a tune's default targets are the live ones).
     """
     try:
-        live = None
-        if worker_max_age is not None:
-            live = {e for w in workers.live_workers(worker_max_age) for e in w.engines}
-            if embedded is not None:
-                live |= set(embedded.starting(live))
+        live = live_engines(workers, worker_max_age, embedded)
+        if prepare is not None:
+            planner = prepare(upload, live)
         new = prepare_job(
             upload,
             store=store,
@@ -223,12 +235,25 @@ def submit_job(
             live_engines=live,
             vet=vet,
             webhooks=webhooks,
+            planner=planner,
         )
         advance = jobs.submit_job(new, any_names=principal.sees_all, idempotency=idempotency)
         start_job(jobs, celery_app, new.id, advance.queued)
     finally:
         upload.cleanup()
     return new.id
+
+
+def live_engines(
+    workers: WorkerRegistry, worker_max_age: float | None, embedded: EmbeddedWorkers | None = None
+) -> set[str] | None:
+    """Return the engines a live worker serves (with `kiln serve`'s still starting); None without a check."""
+    if worker_max_age is None:
+        return None
+    live = {e for w in workers.live_workers(worker_max_age) for e in w.engines}
+    if embedded is not None:
+        live |= set(embedded.starting(live))
+    return live
 
 
 def start_job(jobs: JobStore, celery_app: Any, job_id: str, queued: list[tuple[str, str]]) -> None:

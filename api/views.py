@@ -160,4 +160,15 @@ def job_public(job: Job, store: ArtifactStore) -> JobPublic:
         targets=targets,
         steps=[_step_public(r, store) for r in job.steps],
         error=_error(job.error),
+        kind="tune" if plan.kind == "tune" else "compile",
+        tune=_tune_report(plan, rows),
     )
+
+
+def _tune_report(plan: Plan, rows: dict[str, JobStep]) -> dict[str, Any] | None:
+    """Return what a tune job's search step reported (None for a compile, and while it runs)."""
+    if plan.kind != "tune":
+        return None
+    search = next((rows[s.id] for s in plan.steps if s.kind == "tune" and s.id in rows), None)
+    report = (search.meta or {}).get("tune") if search is not None else None
+    return report if isinstance(report, dict) else None

@@ -229,7 +229,10 @@ def serve_cmd(host: str, port: int, repo: str, concurrency: int) -> None:
     argv = [sys.executable, "-c", "from cli.main import main; main()", "worker", "--concurrency", str(concurrency)]
     for e in engines:
         argv += ["--engine", e]
-    embedded = EmbeddedWorkers(engines, settings.embedded_start_seconds)
+    from workers.queues import serves_tune
+
+    # The worker takes tune jobs too when it runs several tunable engines (workers/main.py).
+    embedded = EmbeddedWorkers([*engines, *(["tune"] if serves_tune(engines) else [])], settings.embedded_start_seconds)
     supervisor = _WorkerSupervisor(argv, env, embedded)
     supervisor.start()
     console.print(f"kiln serve: API on http://{host}:{port}, worker for {', '.join(engines)}, repository {repo}")

@@ -21,6 +21,7 @@ __all__ = [
     "InvalidSettings",
     "InvalidSpec",
     "KilnError",
+    "NoCandidate",
     "NoRoute",
     "NotFound",
     "ParityFailed",
@@ -166,6 +167,14 @@ class SlowerThanFp32(KilnError):
     )
 
 
+class NoCandidate(KilnError):
+    code = "NO_CANDIDATE"
+    default_hint = (
+        "No candidate of the tune met every constraint; its report says why each failed: loosen max_p99_ms, "
+        "add targets or precisions, or give a larger budget."
+    )
+
+
 class Timeout(KilnError):
     code = "TIMEOUT"
     default_hint = "The step exceeded its time limit; raise it in the settings or simplify the model."
@@ -239,6 +248,7 @@ _BY_CODE: dict[str, type[KilnError]] = {
         EngineUnavailable,
         ConversionFailed,
         ParityFailed,
+        NoCandidate,
         Timeout,
         Cancelled,
         NotFound,
@@ -267,6 +277,7 @@ HTTP_STATUS: dict[str, int] = {
     "CONVERSION_FAILED": 500,
     "PARITY_FAILED": 500,
     "SLOWER_THAN_FP32": 500,
+    "NO_CANDIDATE": 422,
     "TIMEOUT": 504,
     "CANCELLED": 409,
     "NOT_FOUND": 404,

@@ -9,10 +9,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from services.graph.engines import ENGINES, queue_name
+from services.graph.engines import queue_name
 from services.settings import Settings, get_settings
 from workers.broker import TRANSPORT as EMBEDDED_TRANSPORT
-from workers.queues import task_name
+from workers.queues import queue_engines, task_name
 
 __all__ = ["TRANSIENT_ERRORS", "broker_settings", "create_celery_app"]
 
@@ -95,8 +95,8 @@ def create_celery_app(settings: Settings | None = None) -> Any:
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
-        task_queues=[Queue(queue_name(e), routing_key=queue_name(e)) for e in ENGINES],
-        task_routes={task_name(e): {"queue": queue_name(e), "routing_key": queue_name(e)} for e in ENGINES},
+        task_queues=[Queue(queue_name(e), routing_key=queue_name(e)) for e in queue_engines()],
+        task_routes={task_name(e): {"queue": queue_name(e), "routing_key": queue_name(e)} for e in queue_engines()},
         task_default_queue=queue_name("onnxruntime"),
         task_create_missing_queues=False,
         worker_hijack_root_logger=False,
@@ -104,7 +104,7 @@ def create_celery_app(settings: Settings | None = None) -> Any:
         worker_disable_rate_limits=True,
     )
     app.conf.kiln_settings = settings
-    for name in ENGINES:
+    for name in queue_engines():
         _register_step_task(app, name, settings)
     return app
 

@@ -54,7 +54,7 @@ from services.outages import storage_full
 from services.sandbox import Protection, Redactor, SandboxView, host_protection, sandbox_view
 from services.sandbox.outputs import claim_output
 from services.settings import Settings
-from services.steps.context import StepContext
+from services.steps.context import Progress, StepContext
 from services.storage.base import ArtifactStore
 
 __all__ = [
@@ -106,6 +106,9 @@ MAX_CHILD_RSS = 1 << 30
 CHILD_IDLE_SECONDS = 300.0
 #: How long an idle child may take to acknowledge a step before a fresh one is used instead.
 ACK_TIMEOUT = 10.0
+#: The longest progress line a step may report, and the most JSON data one may carry.
+MAX_PROGRESS_CHARS = 4000
+MAX_PROGRESS_DATA_BYTES = 64 << 10
 #: The largest message a child may send (its artifact's metadata, an error): more is a broken child.
 MAX_MESSAGE_BYTES = 16 << 20
 
@@ -309,6 +312,22 @@ def _send(conn: Any, message: list[Any]) -> None:
     conn.send_bytes(json.dumps(message, default=str).encode())
 
 
+def checked_progress(body: Any) -> Progress:
+    """Return a progress line as it may be recorded: text of bounded length, or that with bounded JSON data.
+
+    Applied on both sides of the pipe: the child keeps its lines small, and the parent takes
+    nothing else from a confined process (anything that is not a line or a small object of
+    JSON values becomes its text).
+    """
+    if isinstance(body, dict):
+        line: dict[str, Any] = {"message": str(body.get("message", ""))[:MAX_PROGRESS_CHARS]}
+        data = body.get("tune")
+        if isinstance(data, dict) and len(json.dumps(data, default=str)) <= MAX_PROGRESS_DATA_BYTES:
+            line["tune"] = json.loads(json.dumps(data, default=str))
+        return line
+    return str(body)[:MAX_PROGRESS_CHARS]
+
+
 def _call_reporting(ctx: StepContext, conn: Any) -> dict[str, Any]:
     """Run the step's function on ``ctx`` and return the payload to report, whatever happened."""
     from services.pipeline.executor import call_step_function
@@ -316,7 +335,7 @@ def _call_reporting(ctx: StepContext, conn: Any) -> dict[str, Any]:
     from services.steps.host_gate import host_share
 
     memory = StepMemory.start()
-    ctx.on_progress = lambda m: _send(conn, ["progress", str(m)[:4000]])
+    ctx.on_progress = lambda m: _send(conn, ["progress", checked_progress(m)])
     try:
         with host_share():  # this process runs the step: its benchmark sets the share down (host_gate)
             art = call_step_function(ctx)
@@ -441,7 +460,7 @@ class _Lost(BaseException):  # not an Exception: the executor must not turn it i
     """The step was taken over by another worker while its child ran: record nothing."""
 
 
-def _run(req: StepRequest, call: Any, work: Path, progress: Callable[[str], None]) -> Any:
+def _run(req: StepRequest, call: Any, work: Path, progress: Callable[[Progress], None]) -> Any:
     """Fetch the step's inputs, open the source and run the step (its function through ``call``); return the outcome."""
     from services.formats import Format
     from services.graph.planner import PlanStep
@@ -648,7 +667,7 @@ class _ChildCall:
         redactor: Redactor,
         soft_limit: float,
         hard_limit: float,
-        on_progress: Callable[[str], None] | None,
+        on_progress: Callable[[Progress], None] | None,
         tick: Callable[[], str | None] | None,
         tick_interval: float,
     ) -> None:
@@ -679,9 +698,9 @@ class _ChildCall:
             raise KilnError.from_dict(self.redactor.data(payload.get("error") or {}))
         return self._claim(ctx, out, payload), self._memory(payload.get("memory"))
 
-    def _progress(self, message: str) -> None:
+    def _progress(self, message: Progress) -> None:
         if self.on_progress is not None:
-            self.on_progress(self.redactor.text(message))
+            self.on_progress(_redacted(self.redactor, message))
 
     def _claim(self, ctx: StepContext, out: Path, payload: dict[str, Any]) -> Artifact:
         """Take the child's output folder back (out of its reach, links checked) as the step's artifact."""
@@ -708,12 +727,16 @@ class _ChildCall:
         return {k: record[k] for k in fields if isinstance(record.get(k), (int, float, bool))}
 
 
+def _redacted(redactor: Redactor, message: Progress) -> Progress:
+    return redactor.data(message) if isinstance(message, dict) else redactor.text(message)
+
+
 def run_in_child(
     req: StepRequest,
     *,
     soft_limit: float,
     hard_limit: float,
-    on_progress: Callable[[str], None] | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
     tick: Callable[[], str | None] | None = None,
     tick_interval: float = 1.0,
 ) -> ChildResult:
@@ -743,7 +766,7 @@ def run_in_child(
         return ChildResult(seconds=time.monotonic() - started, log=log, pid=pid, **kw)
 
     try:
-        outcome = _run(req, call, work, lambda m: on_progress(redactor.text(m)) if on_progress else None)
+        outcome = _run(req, call, work, lambda m: on_progress(_redacted(redactor, m)) if on_progress else None)
     except _Lost:
         return result(ok=False, lost=True)
     except KilnError as exc:
@@ -788,7 +811,7 @@ def _supervise(
     started: float,
     soft_limit: float,
     hard_limit: float,
-    on_progress: Callable[[str], None] | None,
+    on_progress: Callable[[Progress], None] | None,
     tick: Callable[[], str | None] | None,
     tick_interval: float,
 ) -> dict[str, Any]:
@@ -810,7 +833,7 @@ def _supervise(
                 if child.conn.poll(0.1):
                     kind, body = child.recv()
                     if kind == "progress" and on_progress is not None:
-                        on_progress(str(body))
+                        on_progress(checked_progress(body))
                     elif kind == "done" and isinstance(body, dict):
                         payload = body
                         break
@@ -841,7 +864,7 @@ def _supervise(
             if kind == "done" and isinstance(body, dict):
                 payload = body
             elif kind == "progress" and on_progress is not None:
-                on_progress(str(body))
+                on_progress(checked_progress(body))
         except (EOFError, OSError):
             break
     if payload is not None and stop_reason is None and not payload.get("retire") and proc.is_alive():

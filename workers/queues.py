@@ -11,8 +11,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from services.graph.engines import ENGINES, queue_name
+from services.tune.plan import TUNE_ENGINE
+from services.tune.space import TUNABLE_TARGETS
 
-__all__ = ["PUBLISH_RETRY", "all_queues", "enqueue_steps", "task_name"]
+__all__ = ["PUBLISH_RETRY", "all_queues", "enqueue_steps", "queue_engines", "serves_tune", "task_name"]
 
 #: Bounded retries when publishing: a broker outage surfaces quickly (the API answers 503).
 PUBLISH_RETRY = {"max_retries": 3, "interval_start": 0.0, "interval_step": 0.5, "interval_max": 1.0}
@@ -23,9 +25,27 @@ def task_name(engine: str) -> str:
     return f"kiln.step.{engine}"
 
 
+def queue_engines() -> list[str]:
+    """Return every name with a queue and a step task: each engine, and ``tune`` (services/tune/plan.py)."""
+    return [*ENGINES, TUNE_ENGINE]
+
+
 def all_queues() -> list[str]:
     """Return every engine queue, in ENGINES order."""
     return [queue_name(e) for e in ENGINES]
+
+
+def serves_tune(engines: Iterable[str]) -> bool:
+    """Return True when a worker serving ``engines`` takes tune jobs: it runs two tunable engines or more.
+
+    A tune compares engines side by side in one process, so a worker that runs only one of them
+    leaves tune jobs to a worker that runs several (`kiln serve`'s, or an all-engine image).
+    """
+    from services.descriptors import registry
+
+    targets = registry().targets
+    tunable = {targets[t].engine for t in TUNABLE_TARGETS if t in targets}
+    return len(tunable & {e.split("-")[0] for e in engines}) >= 2
 
 
 def enqueue_steps(celery_app: Any, job_id: str, steps: Iterable[tuple[str, str]]) -> None:

@@ -26,7 +26,7 @@ from services.errors import KilnError
 from services.graph.planner import PlanStep
 from services.jobs.backends import open_repository, open_store
 from services.jobs.db import database_url
-from services.jobs.scheduling import ClaimedStep, StepScheduler
+from services.jobs.scheduling import ClaimedStep, Progress, StepScheduler
 from services.pipeline.executor import step_cache_key
 from services.settings import Settings
 from services.spec import CompileSpec
@@ -111,15 +111,15 @@ class _StepKeeper(threading.Thread):
         super().__init__(name=f"kiln-keeper-{claim.step_id}", daemon=True)
         self.jobs, self.claim, self.interval = jobs, claim, interval
         self.verdict: str | None = None  # "cancel" | "lost"
-        self._pending: list[str] = []
+        self._pending: list[Progress] = []
         self._lock = threading.Lock()
         self._stop_event = threading.Event()
 
-    def progress(self, message: str) -> None:
+    def progress(self, message: Progress) -> None:
         with self._lock:
             self._pending.append(message)
 
-    def take_pending(self) -> list[str]:
+    def take_pending(self) -> list[Progress]:
         """Return (and forget) the progress lines not recorded yet."""
         with self._lock:
             batch, self._pending = self._pending, []
@@ -141,7 +141,7 @@ class _StepKeeper(threading.Thread):
         while not self._stop_event.wait(self.interval):
             self.beat()
 
-    def stop(self) -> list[str]:
+    def stop(self) -> list[Progress]:
         """Stop beating; return the progress lines still to record (with the step's result)."""
         self._stop_event.set()
         if self.is_alive():
@@ -154,7 +154,7 @@ class _Ran:
     """A claimed step's outcome and the progress lines that go into the same record."""
 
     result: ChildResult
-    progress: list[str]
+    progress: list[Progress]
 
 
 def _run_claimed(claim: ClaimedStep, jobs: StepScheduler, settings: Settings) -> _Ran:
@@ -266,7 +266,7 @@ def _run_and_record(
 ) -> tuple[StepRun, ClaimedStep | None]:
     job_id, step_id = claim.job_id, claim.step_id
     t1 = time.perf_counter()
-    progress: list[str] = []
+    progress: list[Progress] = []
     try:
         ran = _run_claimed(claim, jobs, settings)
         result, progress = ran.result, ran.progress

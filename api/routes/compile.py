@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
@@ -20,13 +21,13 @@ from api.deps import (
 )
 from api.idempotency import ACCEPTED_RESPONSE, IDEMPOTENCY_RESPONSES, IdempotencyKeyHeader, replay, upload_fingerprint
 from api.schemas import ErrorPublic, JobAccepted
-from api.submission import submit_job
-from api.upload import receive_upload
+from api.submission import Planner, submit_job
+from api.upload import Upload, receive_upload
 from services.jobs.idempotency import IdempotencyClaim, KeyTaken
 
 router = APIRouter(tags=["jobs"])
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
+ERRORS: dict[int | str, dict[str, Any]] = {
     **ACCEPTED_RESPONSE,
     **IDEMPOTENCY_RESPONSES,
     400: {
@@ -83,7 +84,7 @@ _BODY = {
     "/compile",
     status_code=202,
     response_model=JobAccepted,
-    responses=_ERRORS,
+    responses=ERRORS,
     openapi_extra={"requestBody": _BODY},
     summary="Submit a model and a CompileSpec",
 )
@@ -105,12 +106,38 @@ async def submit(
     A `name` (or `<name>-<target>`) another tenant publishes under is FORBIDDEN. With an
     `Idempotency-Key`, a repeat of the same request answers 200 with the first job.
     """
+    return await accept_upload(
+        request, principal, settings, jobs, workers, store, celery, registry, keys, idempotency_key, cache
+    )
+
+
+async def accept_upload(
+    request: Request,
+    principal: WriteAuth,
+    settings: SettingsDep,
+    jobs: JobStoreDep,
+    workers: WorkersDep,
+    store: StoreDep,
+    celery: CeleryDep,
+    registry: RegistryDep,
+    keys: IdempotencyDep,
+    idempotency_key: str | None,
+    cache: bool,
+    *,
+    route: str = "compile",
+    prepare: Callable[[Upload, set[str] | None], Planner] | None = None,
+) -> JSONResponse:
+    """Receive the upload, then detect, plan, store, record and enqueue it; 202 with the job (POST /compile, /tune).
+
+    ``route`` keeps the two routes' idempotency fingerprints apart; ``prepare`` plans a job
+    other than a compile (api/submission.py).
+    """
     scratch = request.app.state.scratch.dir
     upload = await receive_upload(request, max_bytes=settings.max_upload_bytes, tmp_root=scratch / "uploads")
     request.app.state.metrics.upload_bytes.inc(upload.total_bytes)
     claim = None
     if idempotency_key is not None:
-        claim = IdempotencyClaim(principal.tenant, idempotency_key, upload_fingerprint(upload, cache))
+        claim = IdempotencyClaim(principal.tenant, idempotency_key, upload_fingerprint(upload, cache, route))
         known = await run_in_threadpool(keys.find, claim.tenant, claim.key)
         if known is not None:
             upload.cleanup()
@@ -133,6 +160,7 @@ async def submit(
             idempotency=claim,
             embedded=request.app.state.embedded,
             webhooks=request.app.state.webhook_policy,
+            prepare=prepare,
         )
     except KeyTaken as taken:  # a repeat that raced the first attempt: that one recorded the job
         assert claim is not None

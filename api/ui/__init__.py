@@ -19,11 +19,11 @@ STATIC_DIR = Path(__file__).parent / "static"
 
 def install_dashboard(app: FastAPI, *, open_docs: bool) -> None:
     """Mount the dashboard's pages and static files on ``app``; `/` redirects to it."""
-    from api.ui import actions, compare, pages, service_pages, stream
+    from api.ui import actions, compare, pages, service_pages, stream, tune_page
     from api.ui.docs import install_docs
 
     app.mount("/ui/static", StaticFiles(directory=STATIC_DIR), name="ui-static")
-    for module in (pages, compare, service_pages, actions, stream):
+    for module in (pages, compare, service_pages, actions, stream, tune_page):
         app.include_router(module.router)
     if open_docs:
         install_docs(app)

@@ -12,7 +12,20 @@ from typing import Any
 
 from api.ui.views import ComparePoint
 
-__all__ = ["BarChart", "Scatter", "benchmark_chart", "scatter_chart"]
+__all__ = [
+    "BOTTOM",
+    "HEIGHT",
+    "LEFT",
+    "RIGHT",
+    "TOP",
+    "WIDTH",
+    "BarChart",
+    "Scatter",
+    "Tick",
+    "benchmark_chart",
+    "nice_max",
+    "scatter_chart",
+]
 
 WIDTH, HEIGHT = 560, 300
 LEFT, RIGHT, TOP, BOTTOM = 64, 16, 16, 44
@@ -44,7 +57,7 @@ class BarChart:
     title: str
 
 
-def _nice_max(v: float) -> float:
+def nice_max(v: float) -> float:
     if v <= 0:
         return 1.0
     exp = 10 ** math.floor(math.log10(v))
@@ -57,7 +70,7 @@ def _nice_max(v: float) -> float:
 def benchmark_chart(rows: list[dict[str, Any]], title: str) -> BarChart:
     """Return p50 and p99 latency bars per batch size."""
     rows = sorted(rows, key=lambda r: r.get("batch_size", 0))
-    top = _nice_max(max((float(r.get("p99_ms", 0)) for r in rows), default=1.0))
+    top = nice_max(max((float(r.get("p99_ms", 0)) for r in rows), default=1.0))
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     group = plot_w / max(len(rows), 1)
     bar_w = min(group / 3, 48)
@@ -115,7 +128,7 @@ def scatter_chart(points: list[ComparePoint], required: float | None, xlabel: st
     The tolerance line is at ``required``; points below it are greyed (they do not pass).
     """
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
-    xmax = _nice_max(max((p.latency_ms for p in points), default=1.0) * 1.1)
+    xmax = nice_max(max((p.latency_ms for p in points), default=1.0) * 1.1)
     ys = [_nines(p.accuracy) for p in points] + ([_nines(required)] if required is not None else [])
     ylo = math.floor(min(ys, default=0.0))
     yhi = max(math.ceil(max(ys, default=1.0)), ylo + 1)

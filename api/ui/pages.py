@@ -15,7 +15,8 @@ from api.routes.jobs import job_log_lines
 from api.schemas import JobPublic
 from api.ui.charts import benchmark_chart
 from api.ui.session import error_page, render, render_page, viewer
-from api.ui.views import divergent_node, job_grid, output_headroom, waiting_reason
+from api.ui.tune_view import tune_events, tune_panel
+from api.ui.views import divergent_node, job_grid, output_headroom, step_columns, waiting_reason
 from api.views import job_public
 from services.descriptors import registry
 from services.errors import NotFound
@@ -165,9 +166,12 @@ def job_context(request: Request, who: Principal, job_id: str) -> dict[str, Any]
                 else None,
             }
         )
+    tune = tune_panel(job, tune_events(request.app.state.jobs, job_id)) if job.kind == "tune" else None
     return {
         "job": job,
+        "tune": tune,
         "grid": job_grid(job),
+        "columns": step_columns(job),
         "panels": panels,
         "waiting": {s.id: waiting_reason(s, live) for s in job.steps},
         "final": job.status in ("succeeded", "failed", "cancelled")
@@ -232,7 +236,7 @@ def _spec_fields() -> dict[str, Any]:
     return {"properties": props, "required": schema.get("required", [])}
 
 
-def _source_formats() -> dict[str, Any]:
+def source_formats() -> dict[str, Any]:
     """Return what the upload field says it takes, and file endings -> format for the plan preview."""
     sources = [f for f in registry().formats.values() if f.is_source]
     endings = sorted(((e, f.name) for f in sources for e in f.extensions), key=lambda p: -len(p[0]))
@@ -246,7 +250,7 @@ async def submit_page(request: Request) -> Response:
         return who
     if not who.allows("write"):
         return error_page(request, who, NotFound("submitting needs a token with the write scope"))
-    return render(request, "submit.html", who, nav="submit", schema=_spec_fields(), **_source_formats())
+    return render(request, "submit.html", who, nav="submit", schema=_spec_fields(), **source_formats())
 
 
 @router.get("")

@@ -15,18 +15,27 @@ from api.schemas import JobPublic, StepPublic, TargetPublic
 __all__ = [
     "STATUS_ICONS",
     "STEP_COLUMNS",
+    "TUNE_COLUMNS",
     "ComparePoint",
     "GridRow",
     "OutputHeadroom",
     "compare_points",
     "divergent_node",
     "job_grid",
+    "step_columns",
     "output_headroom",
     "pareto_front",
     "waiting_reason",
 ]
 
 STEP_COLUMNS = ("reference", "optimize", "convert", "export", "publish")
+#: A tune job's steps (services/tune/plan.py): the search, then the publish of its recommendation.
+TUNE_COLUMNS = ("tune", "publish")
+
+
+def step_columns(job: JobPublic) -> tuple[str, ...]:
+    """Return the step kinds the job's grid has a column for."""
+    return TUNE_COLUMNS if job.kind == "tune" else STEP_COLUMNS
 #: Status as a symbol and a word: the grid never says it by colour alone.
 STATUS_ICONS = {
     "pending": "○",
@@ -50,7 +59,7 @@ def job_grid(job: JobPublic) -> list[GridRow]:
     steps = {s.id: s for s in job.steps}
     rows = []
     for target in job.targets.values():
-        cells: dict[str, list[StepPublic]] = {k: [] for k in STEP_COLUMNS}
+        cells: dict[str, list[StepPublic]] = {k: [] for k in step_columns(job)}
         for step_id in target.steps:
             step = steps.get(step_id)
             if step is not None:

@@ -178,6 +178,8 @@ class Plan:
     shared: list[str] = field(default_factory=list)  # ids of steps feeding more than one target
     # target -> its routes in the order they are tried: the chosen one, then the fallbacks.
     options: dict[str, list[RouteOption]] = field(default_factory=dict)
+    #: What the job does: "compile" (POST /compile), or "tune" (POST /tune: services/tune/plan.py).
+    kind: str = "compile"
 
     def route_options(self, target: str) -> list[RouteOption]:
         """Return the routes of ``target`` in the order they are tried (plans from before fallbacks: one)."""
@@ -199,6 +201,7 @@ class Plan:
             "shared_steps": list(self.shared),
             "steps": [s.to_dict() for s in self.steps],
             "route_options": {t: [o.to_dict() for o in opts] for t, opts in self.options.items()},
+            "kind": self.kind,
         }
 
     @classmethod
@@ -209,6 +212,7 @@ class Plan:
             routes=dict(d["routes"]),
             shared=list(d.get("shared_steps", [])),
             options={t: [RouteOption.from_dict(o) for o in opts] for t, opts in d.get("route_options", {}).items()},
+            kind=str(d.get("kind", "compile")),
         )
 
 

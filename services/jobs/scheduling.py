@@ -34,8 +34,19 @@ from services.jobs.webhooks import mark_due
 from services.pipeline.fallback import TargetRouting, needed_steps, route_failed_event, route_failures, routing
 from services.pipeline.results import blocked_by, target_results
 from services.public_errors import public_error
+from services.steps.context import Progress
 
-__all__ = ["Advance", "ClaimedStep", "StepScheduler"]
+__all__ = ["Advance", "ClaimedStep", "Progress", "StepScheduler"]
+
+
+def _progress_fields(m: Progress) -> dict[str, Any]:
+    """Return the ``progress`` event's fields for ``m``: its message, and its ``tune`` data when it has some."""
+    if isinstance(m, dict):
+        fields: dict[str, Any] = {"message": str(m.get("message", ""))}
+        if isinstance(m.get("tune"), dict):
+            fields["tune"] = m["tune"]
+        return fields
+    return {"message": m}
 
 
 def _routing(plan: Plan, rows: dict[str, JobStep]) -> dict[str, TargetRouting]:
@@ -176,7 +187,9 @@ class StepScheduler:
             route_attempts=attempts,
         )
 
-    def heartbeat(self, job_id: str, step_id: str, attempt: int, progress: Sequence[str] = ()) -> tuple[bool, bool]:
+    def heartbeat(
+        self, job_id: str, step_id: str, attempt: int, progress: Sequence[Progress] = ()
+    ) -> tuple[bool, bool]:
         """Refresh a running step's heartbeat and record its ``progress``; return (still ours, job cancelled).
 
         One transaction for both: a step reporting progress costs no extra commit.
@@ -188,18 +201,18 @@ class StepScheduler:
             ours = res.rowcount == 1  # type: ignore[attr-defined]
             if ours:
                 for m in progress:
-                    self.db.add_event(s, job_id, "progress", step_id, message=m)
+                    self.db.add_event(s, job_id, "progress", step_id, **_progress_fields(m))
             cancelled = bool(s.scalar(select(Job.cancel_requested).where(Job.id == job_id)))
             return ours, cancelled
 
-    def progress(self, job_id: str, step_id: str, messages: Sequence[str]) -> None:
+    def progress(self, job_id: str, step_id: str, messages: Sequence[Progress]) -> None:
         """Record progress messages of a running step."""
         if not messages:
             return
         with self.db.write() as s:
             self.db.lock_job_row(s, job_id)
             for m in messages:
-                self.db.add_event(s, job_id, "progress", step_id, message=m)
+                self.db.add_event(s, job_id, "progress", step_id, **_progress_fields(m))
 
     def finish_step(
         self,
@@ -216,7 +229,7 @@ class StepScheduler:
         log: str | None = None,
         continue_on: Collection[str] = (),
         worker: str = "",
-        progress: Sequence[str] = (),
+        progress: Sequence[Progress] = (),
     ) -> Advance | None:
         """Record how a claimed step ended and advance the job, in one transaction.
 
@@ -244,7 +257,7 @@ class StepScheduler:
             row.status, row.finished_at, row.heartbeat_at, row.seconds = status, now, now, seconds
             row.artifact_key, row.cached, row.meta, row.error, row.log = artifact_key, cached, meta, error, log
             for m in progress:
-                self.db.add_event(s, job_id, "progress", step_id, message=m)
+                self.db.add_event(s, job_id, "progress", step_id, **_progress_fields(m))
             if status == "succeeded":
                 self.db.add_event(s, job_id, "step_finished", step_id, seconds=round(seconds, 3), cached=cached)
             elif status == "cancelled":

@@ -26,7 +26,7 @@ from services.graph.registry import entry_path, load_entry
 from services.outages import storage_full
 from services.pipeline.memory import StepMemory
 from services.spec import CompileSpec
-from services.steps.context import StepContext
+from services.steps.context import Progress, StepContext
 from services.steps.host_gate import host_share
 from services.storage.base import ArtifactStore
 from services.versions import tool_versions
@@ -83,11 +83,21 @@ def _spec_fingerprint(
         section = spec.options_for(name)
         if section is None:
             continue
-        if isinstance(d, FormatDescriptor) or (name == family and kind in ("convert", "export")):
+        # A tune step builds for every engine it searches: every engine's options shape its output.
+        if isinstance(d, FormatDescriptor) or (name == family and kind in ("convert", "export")) or kind == "tune":
             options[name] = section.model_dump(mode="json")
     if options:
         body["options"] = options
     return body
+
+
+def _step_tools(step: PlanStep) -> dict[str, Any]:
+    """Return the tool versions a step's output depends on: its engine's, or those of every engine it
+    names in ``options.tool_engines`` (a tune step compares several engines in one step)."""
+    engines = step.options.get("tool_engines")
+    if not engines:
+        return tool_versions(step.engine)
+    return {e: tool_versions(e) for e in sorted(engines)}
 
 
 def step_cache_key(
@@ -101,7 +111,7 @@ def step_cache_key(
         "options": step.options,
         "inputs": dict(sorted(input_keys.items())),
         "spec": _spec_fingerprint(spec, step.kind, calibration_sha, step.engine),
-        "tools": tool_versions(step.engine),
+        "tools": _step_tools(step),
     }
     digest = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
     return f"steps/{digest}"
@@ -203,7 +213,7 @@ def _run_step(
     store: ArtifactStore,
     scratch: Path,
     repository: ModelRepository | None = None,
-    on_progress: Callable[[str], None] | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
     calibration_path: Path | None = None,
     calibration_sha: str | None = None,
     use_cache: bool = True,

@@ -24,6 +24,7 @@ from services.pipeline.fallback import TargetRouting, needed_steps, route_failed
 from services.pipeline.results import TargetResult, blocked_by, target_results
 from services.repository.base import ModelRepository
 from services.spec import CompileSpec
+from services.steps.context import Progress
 from services.steps.source_memo import job_memo
 from services.storage.base import ArtifactStore
 from services.validation.onnx_source import check_onnx_inputs
@@ -55,11 +56,14 @@ def default_model_name(path: Path) -> str:
     return name[:128]
 
 
-def _progress_to(emit: Callable[[Event], None], step_id: str) -> Callable[[str], None]:
+def _progress_to(emit: Callable[[Event], None], step_id: str) -> Callable[[Progress], None]:
     """Return the progress callback of step ``step_id``: each message becomes a progress event."""
 
-    def progress(message: str) -> None:
-        emit({"type": "progress", "step": step_id, "message": message})
+    def progress(message: Progress) -> None:
+        if isinstance(message, dict):
+            emit({"type": "progress", "step": step_id, **message})
+        else:
+            emit({"type": "progress", "step": step_id, "message": message})
 
     return progress
 

@@ -15,7 +15,11 @@ from services.spec import CompileSpec
 if TYPE_CHECKING:
     from services.repository.base import ModelRepository
 
-__all__ = ["StepContext"]
+__all__ = ["Progress", "StepContext"]
+
+#: A progress line of a running step: its text, or its text with structured data for the
+#: pages that draw it (``{"message": ..., "tune": {...}}``: a tune's candidates as they come).
+Progress = str | dict[str, Any]
 
 
 @dataclass
@@ -30,7 +34,7 @@ class StepContext:
     out_dir: Path
     scratch: Path
     repository: ModelRepository | None = None
-    on_progress: Callable[[str], None] | None = None
+    on_progress: Callable[[Progress], None] | None = None
     extras: dict[str, Any] = field(default_factory=dict)
     input_keys: dict[str, str] = field(default_factory=dict)  # role -> store key (content address) of each input
     use_cache: bool = True  # False: the user asked for a rebuild (and so for a new version)
@@ -49,6 +53,6 @@ class StepContext:
         """Return the ONNX opset a conversion writes: the step's option, else the spec's, else ``default``."""
         return int(self.step.options.get("opset") or self.spec.opset or default)
 
-    def progress(self, message: str) -> None:
+    def progress(self, message: Progress) -> None:
         if self.on_progress is not None:
             self.on_progress(message)

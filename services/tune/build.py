@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -100,66 +101,78 @@ def build_artifacts(
     with tempfile.TemporaryDirectory(prefix="kiln-tune-repo-") as scratch:
         repository = LocalModelRepository(Path(scratch))
         for precision in ordered:
-            wanted = [t for t in targets if precision in precisions_for(t, source_format, [precision])]
-            for t in [t for t in wanted if t in fp32_failed]:
-                result.built.append(
-                    Built(t, precision, "pruned", error={"code": "PRUNED", "message": "its fp32 artifact failed"})
-                )
-            wanted = [t for t in wanted if t not in fp32_failed]
-            if not wanted:
-                continue
-            if deadline.passed():
-                result.stopped = f"budget spent before building {precision}"
-                result.built.extend(
-                    Built(t, precision, "skipped", error={"code": "TIMEOUT", "message": result.stopped}) for t in wanted
-                )
-                continue
-            emit({"type": "tune_build", "precision": precision, "targets": wanted})
-            spec = load_spec({**spec_data, "targets": wanted, "precision": precision, "benchmark": False})
+            known = len(result.built)
             try:
-                compiled = compile_model(
-                    model, spec, store=store, repository=repository, on_event=on_event, use_cache=use_cache
-                )
-            except KilnError as exc:  # the whole job refused (planning, the source): nothing of it is built
-                error: dict[str, Any] = {"code": exc.code, "message": str(exc)[:500]}
-                result.built.extend(Built(t, precision, "failed", error=error) for t in wanted)
-                fp32_failed |= set(wanted) if precision == "fp32" else set()
-                continue
-            kinds = {s.id: s.kind for s in compiled.plan.steps}
-            for sid, outcome in compiled.steps.items():
-                if kinds.get(sid) == "publish":
-                    continue  # scratch publishing is not part of the search
-                conversion = kinds.get(sid) in _CONVERSION_KINDS
-                if outcome.cached:
-                    result.steps_cached += 1
-                    result.conversions_reused += conversion
-                    result.reused.append(f"{precision}:{sid}")
-                else:
-                    result.steps_run += 1
-                    result.conversions_run += conversion
-            for target in wanted:
-                tr = compiled.targets[target]
-                code = (tr.error or {}).get("code")
-                summary = parity_summary(tr.parity)
-                if tr.status == "succeeded" and tr.artifact:
+                wanted = [t for t in targets if precision in precisions_for(t, source_format, [precision])]
+                for t in [t for t in wanted if t in fp32_failed]:
                     result.built.append(
-                        Built(
-                            target,
-                            precision,
-                            "built",
-                            artifact=tr.artifact,
-                            artifact_format=registry_format(target),
-                            artifact_bytes=_payload_bytes(tr.artifact),
-                            parity=summary,
-                            warnings=list(tr.warnings),
-                        )
+                        Built(t, precision, "pruned", error={"code": "PRUNED", "message": "its fp32 artifact failed"})
+                    )
+                wanted = [t for t in wanted if t not in fp32_failed]
+                if not wanted:
+                    continue
+                if deadline.passed():
+                    result.stopped = f"budget spent before building {precision}"
+                    result.built.extend(
+                        Built(t, precision, "skipped", error={"code": "TIMEOUT", "message": result.stopped})
+                        for t in wanted
                     )
                     continue
-                status = "pruned" if code == "PARITY_FAILED" else "failed"
-                if precision == "fp32":
-                    fp32_failed.add(target)
-                error = {"code": code, "message": str((tr.error or {}).get("message", ""))[:500]}
-                result.built.append(Built(target, precision, status, parity=summary, error=error))
+                emit({"type": "tune_build", "precision": precision, "targets": wanted})
+                spec = load_spec({**spec_data, "targets": wanted, "precision": precision, "benchmark": False})
+                try:
+                    compiled = compile_model(
+                        model, spec, store=store, repository=repository, on_event=on_event, use_cache=use_cache
+                    )
+                except KilnError as exc:  # the whole job refused (planning, the source): nothing of it is built
+                    error: dict[str, Any] = {"code": exc.code, "message": str(exc)[:500]}
+                    result.built.extend(Built(t, precision, "failed", error=error) for t in wanted)
+                    fp32_failed |= set(wanted) if precision == "fp32" else set()
+                    continue
+                kinds = {s.id: s.kind for s in compiled.plan.steps}
+                for sid, outcome in compiled.steps.items():
+                    if kinds.get(sid) == "publish":
+                        continue  # scratch publishing is not part of the search
+                    conversion = kinds.get(sid) in _CONVERSION_KINDS
+                    if outcome.cached:
+                        result.steps_cached += 1
+                        result.conversions_reused += conversion
+                        result.reused.append(f"{precision}:{sid}")
+                    else:
+                        result.steps_run += 1
+                        result.conversions_run += conversion
+                for target in wanted:
+                    tr = compiled.targets[target]
+                    code = (tr.error or {}).get("code")
+                    summary = parity_summary(tr.parity)
+                    if tr.status == "succeeded" and tr.artifact:
+                        result.built.append(
+                            Built(
+                                target,
+                                precision,
+                                "built",
+                                artifact=tr.artifact,
+                                artifact_format=registry_format(target),
+                                artifact_bytes=_payload_bytes(tr.artifact),
+                                parity=summary,
+                                warnings=list(tr.warnings),
+                            )
+                        )
+                        continue
+                    status = "pruned" if code == "PARITY_FAILED" else "failed"
+                    if precision == "fp32":
+                        fp32_failed.add(target)
+                    error = {"code": code, "message": str((tr.error or {}).get("message", ""))[:500]}
+                    result.built.append(Built(target, precision, status, parity=summary, error=error))
+            finally:  # what this precision gave, as it comes (a tune job's page shows it live)
+                if len(result.built) > known:
+                    emit(
+                        {
+                            "type": "tune_built",
+                            "precision": precision,
+                            "built": [asdict(b) for b in result.built[known:]],
+                        }
+                    )
     return result
 
 

@@ -7,6 +7,21 @@ from typing import Any
 
 __all__ = ["Built", "Candidate", "TuneReport"]
 
+_SUMMARY_FIELDS = (
+    "target",
+    "precision",
+    "settings",
+    "batch",
+    "status",
+    "passed",
+    "meets_constraints",
+    "p50_ms",
+    "p99_ms",
+    "iqr_ms",
+    "throughput",
+    "artifact_bytes",
+)
+
 
 @dataclass
 class Built:
@@ -64,6 +79,16 @@ class Candidate:
         d.pop("times")
         d["id"] = self.key
         return d
+
+    def summary(self) -> dict[str, Any]:
+        """Return the candidate's row as a live page shows it (no warnings, parity failures or CI)."""
+        parity = self.parity or {}
+        return {
+            "id": self.key,
+            **{k: getattr(self, k) for k in _SUMMARY_FIELDS},
+            "min_snr_db": parity.get("min_snr_db"),
+            "reason": (self.reason or "")[:200] or None,
+        }
 
 
 @dataclass

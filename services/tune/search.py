@@ -10,7 +10,7 @@ from typing import Any
 
 from services.descriptors import registry
 from services.errors import InvalidSpec
-from services.formats import open_source
+from services.formats import Format, open_source
 from services.pipeline import compile_model
 from services.repository.base import ModelRepository
 from services.spec import CompileSpec, load_spec
@@ -28,6 +28,9 @@ from services.tune.space import default_targets, settings_grid, triton_serving
 __all__ = ["TuneRequest", "expand_candidates", "tune_model"]
 
 Event = dict[str, Any]
+
+#: What the ``tune_recommendation`` event says (the report has the rest).
+_RECOMMENDATION_FIELDS = ("id", "target", "precision", "settings", "batch", "p50_ms", "p99_ms", "margin", "verdict")
 
 
 @dataclass
@@ -190,7 +193,8 @@ def tune_model(
     if not targets:
         raise InvalidSpec("no CPU target with a settings grid is installed here", hint="Give --targets.")
     with tempfile.TemporaryDirectory(prefix="kiln-tune-") as tmp:
-        source_format = open_source(req.model, Path(tmp), req.spec_data.get("source_format")).format.value
+        override = req.spec_data.get("source_format")
+        source_format = open_source(req.model, Path(tmp), Format(override) if override else None).format.value
     builds = build_artifacts(
         req.model,
         req.spec_data,
@@ -206,6 +210,7 @@ def tune_model(
     formats = {b.target: b.artifact_format for b in builds.built if b.artifact_format}
     spec = load_spec({**req.spec_data, "targets": [targets[0]]})
     emit({"type": "tune_measure", "candidates": sum(c.status == "timed" for c in candidates)})
+    emit({"type": "tune_candidates", "phase": "expanded", "candidates": [c.summary() for c in candidates]})
     measurement = measure_candidates(
         candidates,
         formats,
@@ -221,6 +226,7 @@ def tune_model(
         stopped = (stopped + "; " if stopped else "") + (
             f"budget spent during timing: {measurement['rounds']} of {req.rounds} rounds run"
         )
+    emit({"type": "tune_candidates", "phase": "timed", "candidates": [c.summary() for c in candidates]})
     rec = recommend(candidates, req.objective, req.max_p99_ms)
     by_key = {c.key: c for c in candidates}
     if rec is not None:
@@ -245,6 +251,8 @@ def tune_model(
             if best is not None:
                 profiles[f"best_{engine}"] = profile_candidate(best, formats[engine], spec, runs=req.profile_runs)
         rec["profile"] = profiles.get("recommendation")
+    if rec is not None:
+        emit({"type": "tune_recommendation", **{k: rec.get(k) for k in _RECOMMENDATION_FIELDS}})
     if rec is None:
         notes.append("no candidate met every constraint" if any(c.passed for c in candidates) else "nothing was timed")
     published = None

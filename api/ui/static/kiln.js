@@ -1,4 +1,4 @@
-// Kiln dashboard: the theme override and the submit form (plan preview, upload with progress).
+// Kiln dashboard: the theme override, the submit form (plan preview, upload with progress) and the tune form.
 // Everything else is server-rendered HTML swapped by htmx.
 "use strict";
 
@@ -138,6 +138,78 @@
       showError(errorBox, body.code ? body : { code: "HTTP " + xhr.status, message: xhr.statusText });
     };
     xhr.onerror = () => { button.disabled = false; showError(errorBox, { code: "NETWORK", message: "the upload did not reach the server" }); };
+    xhr.send(data);
+  });
+})();
+
+(function tuneForm() {
+  const form = document.getElementById("tune-form");
+  if (!form) return;
+  const csrf = form.dataset.csrf || "";
+  const errorBox = document.getElementById("tune-error");
+  const progress = document.getElementById("upload-progress");
+  const button = document.getElementById("tune-button");
+  const modelInput = document.getElementById("model");
+  const value = (id) => document.getElementById(id).value.trim();
+  const checked = (name) => Array.from(form.querySelectorAll("input[name=" + name + "]:checked")).map((i) => i.value);
+
+  function showError(body) {
+    errorBox.replaceChildren();
+    const card = document.createElement("div");
+    card.className = "card error-card";
+    card.dataset.testid = "form-error";
+    const p = document.createElement("p");
+    p.textContent = (body.code ? body.code + ": " : "") + (body.message || "failed");
+    card.append(p);
+    if (body.hint) { const h = document.createElement("p"); h.className = "hint"; h.textContent = body.hint; card.append(h); }
+    errorBox.append(card);
+  }
+  // Returns the `tune` part; throws with a message the user can act on.
+  function buildTune() {
+    const tune = { objective: value("objective"), targets: checked("target"), precisions: checked("precision") };
+    if (!tune.targets.length) throw new Error("choose at least one target");
+    if (!tune.precisions.length) throw new Error("choose at least one precision");
+    const batch = value("batch").split(",").map((s) => s.trim()).filter(Boolean).map(Number);
+    if (!batch.length || batch.some((b) => !Number.isInteger(b) || b < 1)) throw new Error("batch sizes are whole numbers of 1 or more, e.g. 1 or 1,8");
+    tune.batch = batch;
+    for (const [id, key] of [["max-p99", "max_p99_ms"], ["budget", "budget_s"], ["rounds", "rounds"]]) if (value(id)) tune[key] = Number(value(id));
+    return tune;
+  }
+  function buildSpec() {
+    const raw = value("spec");
+    let spec = {};
+    if (raw) { try { spec = JSON.parse(raw); } catch (e) { throw new Error("compile settings are not JSON: " + e.message); } }
+    if (value("name")) spec.name = value("name");
+    const calibration = document.getElementById("calibration");
+    if (calibration.files.length) spec.calibration = calibration.files[0].name;
+    return spec;
+  }
+
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    errorBox.replaceChildren();
+    if (!modelInput.files.length) { showError({ code: "SOURCE_UNREADABLE", message: "choose a model file" }); modelInput.focus(); return; }
+    let tune, spec;
+    try { tune = buildTune(); spec = buildSpec(); } catch (e) { showError({ code: "INVALID_SPEC", message: e.message }); return; }
+    const data = new FormData();
+    data.append("model", modelInput.files[0]);
+    data.append("tune", JSON.stringify(tune));
+    data.append("spec", JSON.stringify(spec));
+    const calibration = document.getElementById("calibration");
+    if (calibration.files.length) data.append("calibration", calibration.files[0]);
+    const xhr = new XMLHttpRequest();
+    xhr.open("POST", "/tune");
+    xhr.setRequestHeader("X-CSRF-Token", csrf);
+    progress.hidden = false; progress.value = 0; button.disabled = true;
+    xhr.upload.onprogress = (e) => { if (e.lengthComputable) progress.value = Math.round(100 * e.loaded / e.total); };
+    xhr.onload = () => {
+      let body = {};
+      try { body = JSON.parse(xhr.responseText); } catch (e) { /* not JSON: shown as status below */ }
+      if (xhr.status === 202 || xhr.status === 200) { progress.value = 100; window.location.assign("/ui/jobs/" + body.id); return; }
+      button.disabled = false;
+      showError(body.code ? body : { code: "HTTP " + xhr.status, message: xhr.statusText });
+    };
+    xhr.onerror = () => { button.disabled = false; showError({ code: "NETWORK", message: "the upload did not reach the server" }); };
     xhr.send(data);
   });
 })();

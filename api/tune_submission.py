@@ -1,0 +1,71 @@
+"""Accept a tune (POST /tune): the upload as POST /compile takes it, planned as one search step.
+
+The upload, its vetting, the tenant's names, idempotency and webhooks are POST /compile's
+(api/submission.py); what differs is the plan (services/tune/plan.py) and the targets: those
+the ``tune`` part names, else every CPU target with a settings grid that a live tune worker runs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection
+
+from api.submission import Planner
+from services.descriptors import registry
+from services.errors import EngineUnavailable, InvalidSpec
+from services.formats import DetectedSource
+from services.graph.planner import Plan
+from services.spec import CompileSpec
+from services.tune.options import TuneOptions, load_tune_options
+from services.tune.plan import TUNE_ENGINE, plan_tune
+from services.tune.space import TUNABLE_TARGETS, default_targets
+
+__all__ = ["BUDGET_SHARE", "prepare_tune"]
+
+#: The share of the step time limit a tune may spend at most (the rest: publishing, stopping cleanly).
+BUDGET_SHARE = 0.8
+
+
+def _targets(options: TuneOptions, live_engines: Collection[str] | None) -> list[str]:
+    """Return the targets to search: the options', or the tunable ones a live tune worker runs."""
+    if options.targets:
+        return list(options.targets)
+    if live_engines is None:
+        return default_targets()
+    known = registry().targets
+    runs = {e.split("-")[0] for e in live_engines}
+    targets = [t for t in TUNABLE_TARGETS if t in known and known[t].engine in runs]
+    if not targets and TUNE_ENGINE not in live_engines:
+        raise EngineUnavailable(
+            "no live worker takes tune jobs (one that runs two or more of onnxruntime, openvino, tensorflow)",
+            hint="Start `kiln serve`, or a worker serving several engines (`kiln worker` in an image with them).",
+            engines=[TUNE_ENGINE],
+        )
+    return targets
+
+
+def prepare_tune(fields: dict[str, str], *, live_engines: Collection[str] | None, step_time_limit: float) -> Planner:
+    """Return the planner of the tune's job; set ``fields["spec"]`` to the spec it runs with.
+
+    The ``spec`` part is optional here (a CompileSpec's shared fields: inputs, tolerances,
+    calibration...); its ``targets`` become the searched ones. The budget is capped at
+    ``BUDGET_SHARE`` of ``step_time_limit``, so the search stops on its own before the step is stopped.
+    """
+    options = load_tune_options(fields.get("tune"))
+    targets = _targets(options, live_engines)
+    if not targets:
+        raise InvalidSpec("the tune has no target to search", hint='Name them: {"targets": ["onnxruntime", ...]}.')
+    cap = step_time_limit * BUDGET_SHARE
+    options = options.model_copy(update={"targets": targets, "budget_s": min(options.budget_s or cap, cap)})
+    try:
+        spec_data = json.loads(fields.get("spec") or "{}")
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise InvalidSpec(f"spec is not readable JSON: {exc}") from exc
+    if not isinstance(spec_data, dict):
+        raise InvalidSpec("spec must be a JSON object")
+    fields["spec"] = json.dumps({**spec_data, "targets": targets})
+
+    def planner(source: DetectedSource, spec: CompileSpec, default_name: str) -> Plan:
+        return plan_tune(source.format, options, targets, spec.name or default_name)
+
+    return planner
