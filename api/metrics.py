@@ -16,7 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from services.graph.engines import ENGINES, queue_name
+from services.graph.engines import queue_name
+from workers.queues import queue_engines
 
 __all__ = ["Metrics", "MetricsMiddleware"]
 
@@ -39,7 +40,7 @@ class _StateCollector(Collector):
         workers = GaugeMetricFamily("kiln_workers", "Live workers serving each engine.", labels=["engine"])
         try:
             live = self.state.workers.live_workers(self.state.worker_max_age)
-            for name in ENGINES:
+            for name in queue_engines():
                 workers.add_metric([name], sum(1 for w in live if name in w.engines))
         except Exception:
             log.warning("metrics: worker list unavailable", exc_info=True)
@@ -48,7 +49,7 @@ class _StateCollector(Collector):
         try:
             with self.state.celery.connection_for_read() as conn:
                 channel = conn.default_channel
-                for name in ENGINES:
+                for name in queue_engines():
                     q = queue_name(name)
                     depth.add_metric([q], channel.queue_declare(q, passive=True).message_count)
         except Exception:

@@ -484,3 +484,79 @@ def test_a_refused_upload_shows_its_error_code_and_hint(service: Service, page: 
     expect(card.locator(".hint")).not_to_be_empty()
     assert page.url.endswith("/ui/submit")
     assert httpx.get(f"{service.base}/jobs", params={"limit": 1}).json()["count"] == before
+
+
+# Snapshots of a tune job's section each time the page changes: its phase line, its candidate
+# rows and whether a recommendation shows, to prove candidates arrive live (no reload).
+RECORD_TUNE = """
+window.__kilnTune = [];
+document.addEventListener("DOMContentLoaded", () => {
+  const record = () => {
+    const section = document.querySelector("[data-testid=tune]");
+    if (!section) return;
+    const phase = section.querySelector("[data-testid=tune-phase]").textContent.trim();
+    const rows = section.querySelectorAll("[data-testid=tune-candidates] tbody tr").length;
+    const rec = !!section.querySelector("[data-testid=tune-recommendation]");
+    const seen = window.__kilnTune, last = seen[seen.length - 1];
+    if (!last || last.phase !== phase || last.rows !== rows || last.rec !== rec) seen.push({phase, rows, rec});
+  };
+  record();
+  new MutationObserver(record).observe(document.body, {subtree: true, childList: true, characterData: true});
+});
+"""
+
+
+def test_the_tune_page_starts_a_tune_whose_candidates_arrive_live(service: Service, page: Any, cnn_onnx: Path) -> None:
+    from playwright.sync_api import expect
+
+    wait_workers(service.base, {"tune"}, timeout=60, procs=[service.proc])
+    page.add_init_script(RECORD_TUNE)
+    page.goto(f"{service.base}/ui/tune")
+    page.set_input_files("#model", str(cnn_onnx))
+    for target in ("onnxruntime", "openvino", "tflite", "tvm", "mnn", "ncnn"):
+        box = page.locator(f"#tune-targets input[value={target}]")
+        if box.count():
+            box.set_checked(target in ("onnxruntime", "openvino"))
+    page.locator("#tune-precisions input[value=fp16]").set_checked(False)
+    page.fill("#rounds", "200")
+    page.fill("#name", "tiny-tuned")
+    page.fill("#spec", json.dumps({"validation": {"samples": 4}}))
+    screenshot(page, "tune")
+    page.get_by_role("button", name="Start tune").click()
+    page.wait_for_url(re.compile(r"/ui/jobs/[0-9a-f]{32}$"))
+    job_id = page.url.rsplit("/", 1)[1]
+
+    rec = page.get_by_test_id("tune-recommendation")
+    expect(rec).to_be_visible(timeout=WAIT_MS)
+    expect(page.get_by_test_id("job-status")).to_contain_text("succeeded", timeout=WAIT_MS)
+    seen = page.evaluate("window.__kilnTune")
+    live = [s for s in seen if not s["rec"]]
+    assert live, f"the page never showed the search before its recommendation: {seen}"
+    assert any(s["rows"] for s in live), f"no candidate row arrived before the recommendation: {seen}"
+    assert len({s["phase"] for s in seen}) >= 3, seen  # it moved through the search's phases
+    assert seen[-1]["rec"] and seen[-1]["phase"] == "done", seen
+
+    # The page shows what the API reports: every candidate, the recommendation and its Pareto point.
+    job = httpx.get(f"{service.base}/jobs/{job_id}").json()
+    report = job["tune"]
+    rows = page.locator("[data-testid=tune-candidates] tbody tr")
+    expect(rows).to_have_count(len(report["candidates"]))
+    chosen = report["recommendation"]
+    assert rows.first.get_attribute("data-candidate") == chosen["id"]
+    assert rows.first.get_attribute("data-recommended") == "true"
+    expect(page.get_by_test_id("tune-rec-p50")).to_have_text(f"{chosen['p50_ms']:.3f}")
+    point = page.locator("[data-testid=tune-pareto] circle[data-recommended=true]")
+    expect(point).to_have_count(1)
+    assert abs(float(point.get_attribute("data-p50")) - chosen["p50_ms"]) < 1e-9
+    assert point.get_attribute("data-front") == "true"
+    timed = [c for c in report["candidates"] if c["p50_ms"] is not None]
+    expect(page.locator("[data-testid=tune-pareto] circle.point")).to_have_count(len(timed))
+
+    # The recommendation's per-layer profile: one bar per operator type, longest first.
+    bars = page.locator("[data-testid=tune-profile] rect[data-op]")
+    ops = chosen["profile"]["top_ops"]
+    expect(bars).to_have_count(min(len(ops), 10))
+    widths = [float(bars.nth(i).get_attribute("width")) for i in range(bars.count())]
+    assert widths == sorted(widths, reverse=True) and widths[0] > widths[-1]
+    assert bars.first.get_attribute("data-op") == max(ops, key=lambda o: o["ms_per_run"])["op_type"]
+    screenshot(page, "tune-job")

@@ -22,18 +22,22 @@ from api.schemas import (
     VersionPublic,
     WorkerPublic,
 )
-from services.graph.engines import ENGINES, queue_name
+from services.graph.engines import queue_name
 from services.repository.publish import MANIFEST, MODEL_META, published_models
+from workers.queues import queue_engines
 
 router = APIRouter(tags=["service"])
 
 
 @router.get("/engines", response_model=EnginesPublic, summary="Live workers and the engines they serve")
 def engines(request: Request, _: ReadAuth, registry: WorkersDep) -> EnginesPublic:
-    """Return every engine with its queue and number of live workers, and the workers themselves."""
+    """Return every engine with its queue and number of live workers, and the workers themselves.
+
+    ``tune`` is listed too: the queue of tune jobs (POST /tune), taken by workers running several engines.
+    """
     live = registry.live_workers(request.app.state.worker_max_age)
     out = []
-    for name in ENGINES:
+    for name in queue_engines():
         serving = [w for w in live if name in w.engines]
         versions: dict[str, str] = next((w.versions.get(name, {}) for w in serving), {})
         out.append(EnginePublic(name=name, queue=queue_name(name), workers=len(serving), versions=versions))

@@ -14,8 +14,9 @@ from api.auth import Principal
 from api.routes.service import readiness_checks, repository_listing
 from api.ui.session import render, render_page, viewer
 from services.errors import NotFound
-from services.graph.engines import ENGINES, queue_name
+from services.graph.engines import queue_name
 from services.repository.publish import MANIFEST, find_model_dir
+from workers.queues import queue_engines
 
 __all__ = ["router", "version_size"]
 
@@ -28,7 +29,7 @@ def _engines_context(request: Request) -> dict[str, Any]:
     live = state.workers.live_workers(state.worker_max_age)
     queued = state.steps.queued_steps_by_queue()
     rows = []
-    for name in ENGINES:
+    for name in queue_engines():
         serving = [w for w in live if name in w.engines]
         rows.append(
             {

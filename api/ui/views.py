@@ -22,9 +22,9 @@ __all__ = [
     "compare_points",
     "divergent_node",
     "job_grid",
-    "step_columns",
     "output_headroom",
     "pareto_front",
+    "step_columns",
     "waiting_reason",
 ]
 
@@ -36,6 +36,8 @@ TUNE_COLUMNS = ("tune", "publish")
 def step_columns(job: JobPublic) -> tuple[str, ...]:
     """Return the step kinds the job's grid has a column for."""
     return TUNE_COLUMNS if job.kind == "tune" else STEP_COLUMNS
+
+
 #: Status as a symbol and a word: the grid never says it by colour alone.
 STATUS_ICONS = {
     "pending": "○",
