@@ -36,22 +36,32 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
-def build_models(tmp: Path) -> list[tuple[str, Path]]:
-    """Return (label, onnx path) for each model searched."""
+def build_models(tmp: Path) -> list[tuple[str, Path, dict[str, Any]]]:
+    """Return (label, model path, the spec fields its builds share) for each model searched."""
     import torch
-    from bench_openvino import medium_cnn_module
-    from models import export_onnx, tiny_transformer_module
 
+    from kiln_testing import real_models
+    from kiln_testing.models import export_onnx, medium_cnn_module, tiny_transformer_module
+
+    # A real detector (YOLOv8n, from the nudenet wheel, fetched by pip; never committed), at its
+    # 320 x 320 input, calibrated and checked on realistic images.
+    detector = real_models.get("nudenet-320n")
+    det_path = real_models.fetch(detector)
+    samples = tmp / "detector-samples.npz"
+    np.savez(samples, **real_models.realistic_inputs(detector, det_path, n=8, seed=7))
+    det_spec = {"inputs": {"images": {"shape": [1, 3, 320, 320]}}, "calibration": str(samples)}
     return [
-        ("cnn", export_onnx(medium_cnn_module(), torch.randn(1, 3, 64, 64), tmp / "cnn_m.onnx")),
+        ("cnn", export_onnx(medium_cnn_module(), torch.randn(1, 3, 64, 64), tmp / "cnn_m.onnx"), {}),
         (
             "transformer",
             export_onnx(tiny_transformer_module(128, 4), torch.randn(1, 64, 128), tmp / "tr_m.onnx"),
+            {},
         ),
+        ("detector (YOLOv8n, nudenet 320n)", det_path, det_spec),
     ]
 
 
-def recheck(report: Any, rounds: int) -> dict[str, Any]:
+def recheck(report: Any, rounds: int, spec_data: dict[str, Any]) -> dict[str, Any]:
     """Re-time every passing candidate and the default fp32 onnxruntime artifact side by side, in a new run."""
     from services.spec import load_spec
     from services.tune.budget import Deadline
@@ -70,7 +80,7 @@ def recheck(report: Any, rounds: int) -> dict[str, Any]:
     default = Candidate("onnxruntime", "fp32", {}, 1, passed=False, status="timed", artifact=ort32.artifact)
     again.append(default)
     formats = {b.target: b.artifact_format for b in report.built if b.artifact_format}
-    spec = load_spec({"targets": ["onnxruntime"]})
+    spec = load_spec({**spec_data, "targets": ["onnxruntime"]})
     measure_candidates(again, formats, spec, rounds=rounds, warmup=10, deadline=Deadline(None))
     by_id = {c.key: c for c in again}
     rec = next(c for c in again if c.key == rec_id)
@@ -111,7 +121,7 @@ def print_curve(curve: dict[str, Any]) -> None:
         print(f"| {b} | " + " | ".join(cells) + " |")
 
 
-def throughput_run(label: str, path: Path, store: Any, args: argparse.Namespace) -> None:
+def throughput_run(label: str, path: Path, store: Any, args: argparse.Namespace, spec_data: dict[str, Any]) -> None:
     """Search for throughput, print the curve and the pick, then re-sweep the same points separately."""
     from services.spec import load_spec
     from services.tune import TuneRequest, tune_model
@@ -129,6 +139,7 @@ def throughput_run(label: str, path: Path, store: Any, args: argparse.Namespace)
         profile=False,
         concurrency_rounds=args.sweep_rounds,
         concurrency_round_s=args.sweep_round_s,
+        spec_data=spec_data,
     )
     t0 = time.monotonic()
     report = tune_model(req, store=store)
@@ -162,7 +173,7 @@ def throughput_run(label: str, path: Path, store: Any, args: argparse.Namespace)
     again = measure_concurrency(
         by_key[rec["id"]],
         fmt,
-        load_spec({"targets": [rec["target"]]}),
+        load_spec({**spec_data, "targets": [rec["target"]]}),
         batches=batches,
         deadline=Deadline(None),
         rounds=args.sweep_rounds,
@@ -202,12 +213,12 @@ def main() -> int:
 
     print(f"cpus: {os.cpu_count()}; rounds: {args.rounds}; recheck rounds: {args.recheck_rounds}")
     with tempfile.TemporaryDirectory(prefix="bench-tune-") as tmp:
-        for label, path in build_models(Path(tmp)):
+        for label, path, spec_data in build_models(Path(tmp)):
             if args.only and args.only not in label:
                 continue
             store = LocalArtifactStore(Path(tmp) / f"store-{label}")  # cold cache per model
             if args.objective == "throughput":
-                throughput_run(label, path, store, args)
+                throughput_run(label, path, store, args, spec_data)
                 continue
             req = TuneRequest(
                 model=path,
@@ -215,6 +226,7 @@ def main() -> int:
                 precisions=args.precisions.split(","),
                 rounds=args.rounds,
                 profile=True,
+                spec_data=spec_data,
             )
             t0 = time.monotonic()
             report = tune_model(req, store=store)
@@ -243,7 +255,7 @@ def main() -> int:
                     top = ", ".join(f"{o['op_type']} {o['share']:.0%}" for o in prof["top_ops"][:4])
                     where = prof.get("time_by_exec_precision")
                     print(f"profile ({role}, {prof['candidate']}): {top}" + (f"; executed in {where}" if where else ""))
-            r = recheck(report, args.recheck_rounds)
+            r = recheck(report, args.recheck_rounds, spec_data)
             print(
                 f"\n### {label}: separate re-timing ({args.recheck_rounds} rounds, {r['timed']} candidates + default)\n"
             )

@@ -102,7 +102,10 @@ def api_cmd(host: str, port: int, workers: int, access_log: bool, http_impl: str
 
 @click.command("worker")
 @click.option(
-    "--engine", "engines", multiple=True, help="Engine whose queue to serve (repeatable; default: all installed)."
+    "--engine",
+    "engines",
+    multiple=True,
+    help="Engine whose queue to serve (repeatable; default: all installed); `tune` for the tune queue alone.",
 )
 @click.option("--concurrency", default=1, show_default=True, type=int, help="Steps run at once.")
 @click.option("--loglevel", default="INFO", show_default=True)
@@ -110,10 +113,10 @@ def api_cmd(host: str, port: int, workers: int, access_log: bool, http_impl: str
 def worker_cmd(engines: tuple[str, ...], concurrency: int, loglevel: str) -> None:
     """Run a Celery worker on the queues kiln.<engine>; refuses engines whose SDK is missing (exit 2)."""
     from services.errors import EngineUnavailable
-    from workers.probe import resolve_engines
+    from workers.probe import resolve_served
 
     try:
-        resolve_engines(list(engines))
+        resolve_served(list(engines))
     except EngineUnavailable as err:
         console.print(f"[bold red]error {err.code}[/]: {err.message}")
         console.print(f"[yellow]hint[/]: {err.hint}")

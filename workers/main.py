@@ -13,12 +13,10 @@ from services.jobs.db import database_url
 from services.jobs.migrate import upgrade
 from services.jobs.stores import JobStores
 from services.settings import Settings
-from services.tune.plan import TUNE_ENGINE
 from workers import child
 from workers.app import create_celery_app
 from workers.maintenance import Maintenance
-from workers.probe import engine_versions, resolve_engines
-from workers.queues import serves_tune
+from workers.probe import engine_versions, resolve_served
 
 __all__ = ["run_worker", "worker_argv"]
 
@@ -58,15 +56,13 @@ def run_worker(
     """
     from celery import signals
 
-    served = resolve_engines(list(engines))
+    loaded, served = resolve_served(list(engines))
     url = database_url(settings)
     if url.startswith("sqlite"):
         upgrade(url)
     app = create_celery_app(settings)
-    child.configure(served, settings)
+    child.configure(loaded, settings)
     hostname = f"kiln-{'+'.join(served)}-{os.getpid()}@{socket.gethostname()}"
-    if serves_tune(served):
-        served = [*served, TUNE_ENGINE]  # it runs the engines a tune compares: it takes tune jobs too
     app.conf.kiln_engines = tuple(served)  # lets a task run the next step of a chain itself
     # One line on what protects the host from the models this worker runs (docs/security.md).
     print(child.protection(settings).summary(), file=sys.stderr, flush=True)
@@ -78,7 +74,7 @@ def run_worker(
         settings,
         hostname=hostname,
         engines=served,
-        versions=engine_versions([e for e in served if e != TUNE_ENGINE]),
+        versions=engine_versions(loaded),
         concurrency=concurrency,
     )
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from services.errors import EngineUnavailable
 from services.graph.engines import ENGINES, installed_engines
+from services.tune.plan import TUNE_ENGINE
 from services.versions import tool_versions
+from workers.queues import serves_tune, tunable_engines
 
-__all__ = ["engine_versions", "resolve_engines"]
+__all__ = ["engine_versions", "resolve_engines", "resolve_served"]
 
 
 def resolve_engines(requested: list[str] | tuple[str, ...]) -> list[str]:
@@ -46,3 +48,27 @@ def _importable(module: str) -> bool:
 def engine_versions(engines: list[str]) -> dict[str, dict[str, str]]:
     """Return the tool versions each served engine runs with (shown by GET /engines)."""
     return {e: tool_versions(e) for e in engines}
+
+
+def resolve_served(requested: list[str] | tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """Return (the engines this worker loads, the names whose queues it serves) for ``requested``.
+
+    ``tune`` asks for the tune queue (kiln.tune) alone: the worker then loads every tunable engine
+    installed here (ENGINE_UNAVAILABLE when fewer than two are) and takes no compile step. A
+    worker serving two or more tunable engines takes tune jobs as well (workers/queues.py).
+    """
+    rest = [e for e in requested if e != TUNE_ENGINE]
+    if TUNE_ENGINE in requested:
+        tunable = [e for e in tunable_engines() if e in ENGINES and ENGINES[e].is_installed()]
+        if len(tunable) < 2:
+            raise EngineUnavailable(
+                "a tune worker needs two or more of "
+                + ", ".join(tunable_engines())
+                + f" installed; found {tunable or 'none'}",
+                hint="Build its image with those extras (EXTRAS=onnxruntime,openvino,tensorflow,torch,service).",
+                engine=TUNE_ENGINE,
+            )
+        engines = resolve_engines(rest) if rest else tunable
+        return engines, [*rest, TUNE_ENGINE]
+    engines = resolve_engines(rest)
+    return engines, [*engines, TUNE_ENGINE] if serves_tune(engines) else list(engines)

@@ -14,7 +14,15 @@ from services.graph.engines import ENGINES, queue_name
 from services.tune.plan import TUNE_ENGINE
 from services.tune.space import TUNABLE_TARGETS
 
-__all__ = ["PUBLISH_RETRY", "all_queues", "enqueue_steps", "queue_engines", "serves_tune", "task_name"]
+__all__ = [
+    "PUBLISH_RETRY",
+    "all_queues",
+    "enqueue_steps",
+    "queue_engines",
+    "serves_tune",
+    "task_name",
+    "tunable_engines",
+]
 
 #: Bounded retries when publishing: a broker outage surfaces quickly (the API answers 503).
 PUBLISH_RETRY = {"max_retries": 3, "interval_start": 0.0, "interval_step": 0.5, "interval_max": 1.0}
@@ -41,11 +49,15 @@ def serves_tune(engines: Iterable[str]) -> bool:
     A tune compares engines side by side in one process, so a worker that runs only one of them
     leaves tune jobs to a worker that runs several (`kiln serve`'s, or an all-engine image).
     """
+    return len(set(tunable_engines()) & {e.split("-")[0] for e in engines}) >= 2
+
+
+def tunable_engines() -> list[str]:
+    """Return the engines of the targets a tune has settings grids for (onnxruntime, openvino, tensorflow)."""
     from services.descriptors import registry
 
     targets = registry().targets
-    tunable = {targets[t].engine for t in TUNABLE_TARGETS if t in targets}
-    return len(tunable & {e.split("-")[0] for e in engines}) >= 2
+    return list(dict.fromkeys(targets[t].engine for t in TUNABLE_TARGETS if t in targets))
 
 
 def enqueue_steps(celery_app: Any, job_id: str, steps: Iterable[tuple[str, str]]) -> None:
