@@ -51,6 +51,7 @@ def _row(c: dict[str, Any], recommended: str | None) -> dict[str, Any]:
         "p99_ms": c.get("p99_ms"),
         "iqr_ms": c.get("iqr_ms"),
         "throughput": c.get("throughput"),
+        "artifact_bytes": c.get("artifact_bytes"),
         "min_snr_db": c.get("min_snr_db", parity.get("min_snr_db")),
         "meets": bool(c.get("meets_constraints")),
         "note": note[:160],
@@ -78,10 +79,27 @@ def _built_rows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def _ranking(objective: str) -> Any:
+    """Return the sort key of the rows: the recommendation first, then best first by the objective, untimed last."""
+
+    def key(r: dict[str, Any]) -> tuple[bool, bool, float]:
+        if objective == "throughput":
+            value = -(r["throughput"] or 0.0)
+        elif objective == "size":
+            value = float(r["artifact_bytes"] or 0)
+        else:
+            value = r["p50_ms"] or 0.0
+        return (not r["recommended"], r["p50_ms"] is None, value)
+
+    return key
+
+
 def tune_panel(job: JobPublic, events: list[dict[str, Any]]) -> dict[str, Any]:
     """Return the tune section of the job page: phase, candidate rows, recommendation, charts."""
     report = job.tune
-    options = next((s["options"].get("tune", {}) for s in job.plan.get("steps", []) if s["kind"] == "tune"), {})
+    options: dict[str, Any] = next(
+        (s["options"].get("tune", {}) for s in job.plan.get("steps", []) if s["kind"] == "tune"), {}
+    )
     if report is not None:
         rec = report.get("recommendation")
         rec_id = rec["id"] if rec else None
@@ -96,7 +114,7 @@ def tune_panel(job: JobPublic, events: list[dict[str, Any]]) -> dict[str, Any]:
         rows = [_row(c, rec_id) for c in latest["candidates"]] if latest else _built_rows(events)
         profile, curve = None, None
         phase = events[-1]["line"] if events else ("waiting for a worker" if job.status == "queued" else "starting")
-    rows.sort(key=lambda r: (not r["recommended"], r["p50_ms"] is None, r["p50_ms"] or 0.0))
+    rows.sort(key=_ranking(str(options.get("objective", "latency"))))
     return {
         "options": options,
         "phase": phase,

@@ -20,6 +20,9 @@ from services.tune.space import TUNABLE_TARGETS
 
 __all__ = ["TuneOptions", "load_tune_options"]
 
+Precision = Literal["fp32", "fp16", "int8", "int4"]
+_DEFAULT_PRECISIONS: tuple[Precision, ...] = ("fp32", "fp16", "int8")
+
 
 class TuneOptions(BaseModel):
     """The goals and the space of one tune (the search's defaults where a field is left out)."""
@@ -41,8 +44,8 @@ class TuneOptions(BaseModel):
         description="Targets to search (default: the CPU targets with a settings grid that a live tune worker "
         f"serves: {', '.join(TUNABLE_TARGETS)}).",
     )
-    precisions: list[Literal["fp32", "fp16", "int8", "int4"]] = Field(
-        default_factory=lambda: ["fp32", "fp16", "int8"], min_length=1, description="Precisions to build."
+    precisions: list[Precision] = Field(
+        default_factory=lambda: list(_DEFAULT_PRECISIONS), min_length=1, description="Precisions to build."
     )
     budget_s: float | None = Field(
         default=None,
