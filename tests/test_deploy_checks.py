@@ -6,7 +6,8 @@
   values under helm/kiln/ci/, and every rendered manifest validates with kubernetes-validate
   --strict (KEDA's kinds, which it has no schema for, are checked field by field here);
 - compose.yaml, the chart and its values schema list exactly the engines the converter
-  registry can route to, so a new engine cannot be half-added;
+  registry can route to, so a new engine cannot be half-added, plus the tune worker (every
+  name of workers.queues.queue_engines() has a worker, so POST /tune is served there too);
 - every KILN_* variable they set is a documented field of services.settings.Settings.
 """
 
@@ -114,33 +115,55 @@ def _cpu_engines() -> set[str]:
     return {name for name, e in concrete_engines().items() if not e.image.gpus}
 
 
+def _cpu_workers() -> set[str]:
+    """Return the names of the workers on by default: each CPU engine's and the tune worker's."""
+    from services.tune.plan import TUNE_ENGINE
+
+    return {*_cpu_engines(), TUNE_ENGINE}
+
+
 def _missing_engines_hint(missing: set[str]) -> str:
     from services.deploy_snippets import snippets
     from services.descriptors import engine_family
+    from services.graph.engines import ENGINES
+    from services.tune.plan import TUNE_ENGINE
 
-    return "add, then size resources:\n" + "\n".join(snippets(f) for f in sorted({engine_family(n) for n in missing}))
+    hint = "add, then size resources:\n" + "\n".join(
+        snippets(f) for f in sorted({engine_family(n) for n in missing if n in ENGINES})
+    )
+    if TUNE_ENGINE in missing:
+        hint += (
+            "\nand the tune worker: worker-tune in compose.yaml (docker/Dockerfile's worker, ENGINE=tune,"
+            " EXTRAS=onnxruntime,openvino,tensorflow,torch,service), workers.tune in values.yaml and its schema"
+        )
+    return hint
 
 
 def test_compose_default_profile_is_the_cpu_stack(tmp_path: Path) -> None:
     services = set(_compose_config(tmp_path, "compose.yaml")["services"])
-    workers = {f"worker-{e}" for e in _cpu_engines()}
+    workers = {f"worker-{e}" for e in _cpu_workers()}
     assert services == {"secrets-init", "redis", "postgres", "minio", "s3-init", "migrate", "api", *workers}, (
         _missing_engines_hint({s.removeprefix("worker-") for s in workers - services})
     )
-    assert {"worker-onnxruntime", "worker-openvino", "worker-tensorflow"} <= services
+    assert {"worker-onnxruntime", "worker-openvino", "worker-tensorflow", "worker-tune"} <= services
 
 
 def test_compose_workers_are_exactly_the_engines(compose_all: dict[str, Any]) -> None:
     from services.deploy_snippets import compose_worker
     from services.descriptors import concrete_engines
     from services.graph.engines import ENGINES
+    from services.tune.plan import TUNE_ENGINE
+    from workers.queues import queue_engines
 
     workers = {
         name.removeprefix("worker-"): svc for name, svc in compose_all["services"].items() if name.startswith("worker-")
     }
-    assert set(workers) >= set(ENGINES), _missing_engines_hint(set(ENGINES) - set(workers))
-    assert set(workers) == set(ENGINES) == _engines_the_planner_needs()
+    assert set(workers) >= set(queue_engines()), _missing_engines_hint(set(queue_engines()) - set(workers))
+    assert set(workers) == set(queue_engines()) == {*ENGINES, TUNE_ENGINE}
+    assert set(ENGINES) == _engines_the_planner_needs()
     for name, svc in workers.items():
+        if name == TUNE_ENGINE:
+            continue  # no engine descriptor: test_compose_tune_worker
         engine = concrete_engines()[name]
         expected = compose_worker(name)  # what the engine's descriptor says
         args = svc["build"]["args"]
@@ -163,6 +186,31 @@ def test_compose_workers_are_exactly_the_engines(compose_all: dict[str, Any]) ->
             assert args["BASE_IMAGE"].startswith("nvcr.io/nvidia/tensorrt:")
         assert svc["image"].endswith(f"/worker-{name}:latest")
         assert svc["healthcheck"]["test"] == ["CMD", "kiln-worker-healthcheck"]
+
+
+def test_compose_tune_worker(compose_all: dict[str, Any]) -> None:
+    """worker-tune takes POST /tune jobs: docker/Dockerfile's worker with ENGINE=tune and every tunable engine."""
+    from services.graph.engines import ENGINES
+    from workers.queues import tunable_engines
+
+    services = compose_all["services"]
+    svc, reference = services["worker-tune"], services["worker-onnxruntime"]
+    args = svc["build"]["args"]
+    assert (svc["build"]["dockerfile"], svc["build"]["target"]) == ("docker/Dockerfile", "worker")
+    assert args["ENGINE"] == "tune"
+    extras = set(args["EXTRAS"].split(","))
+    assert len(tunable_engines()) >= 2
+    assert {ENGINES[e].extra for e in tunable_engines()} | {"service"} <= extras
+    assert extras == {"onnxruntime", "openvino", "tensorflow", "torch", "service"}
+    # torch's CPU wheel comes from the index worker-onnxruntime also uses.
+    assert args["TORCH_INDEX_URL"] == reference["build"]["args"]["TORCH_INDEX_URL"]
+    assert args["BASE_IMAGE"] == reference["build"]["args"]["BASE_IMAGE"]
+    assert svc["image"] == "kiln/worker-tune:latest"
+    # The image's CMD runs `kiln worker --engine "$KILN_ENGINE"`, KILN_ENGINE being ENGINE.
+    assert "profiles" not in svc and svc.get("command") is None
+    # Everything else is the CPU workers' own (the x-cpu-worker anchor).
+    for key in ("environment", "volumes", "depends_on", "healthcheck", "restart"):
+        assert svc[key] == reference[key], key
 
 
 def test_compose_start_order_and_health(compose_all: dict[str, Any]) -> None:
@@ -340,6 +388,22 @@ def test_hadolint_clean(dockerfile: Path) -> None:
     assert (proc.returncode, proc.stdout.strip()) == (0, ""), proc.stdout + proc.stderr
 
 
+def test_worker_image_build_check_accepts_tune() -> None:
+    """docker/Dockerfile's build check takes ENGINE=tune (no engine of that name) by `kiln worker --engine tune`'s own check."""
+    import re
+    import shlex
+
+    text = (ROOT / "docker" / "Dockerfile").read_text()
+    match = re.search(r'^\s*tune\) /opt/kiln/bin/python -I -c (".*?") ;; \\$', text, re.M)
+    assert match, "the worker target's build check has no case for ENGINE=tune"
+    (code,) = shlex.split(match.group(1))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "the tune worker loads onnxruntime, openvino, tensorflow"
+    assert 'CMD ["sh", "-c", "exec kiln worker --engine \\"$KILN_ENGINE\\""]' in text
+
+
 def test_dockerfiles_run_unprivileged_on_a_base_build_argument() -> None:
     for dockerfile in DOCKERFILES:
         text = dockerfile.read_text()
@@ -414,13 +478,20 @@ def test_rendered_manifests_validate_strictly(rendered: dict[str, list[dict[str,
 def test_default_render_has_a_worker_per_cpu_engine(rendered: dict[str, list[dict[str, Any]]]) -> None:
     docs = rendered["defaults"]
     deployments = _by_kind(docs, "Deployment")
-    assert set(deployments) == {"kiln-api", "kiln-redis", *(f"kiln-worker-{e}" for e in _cpu_engines())}
-    for engine in _cpu_engines():
+    assert set(deployments) == {"kiln-api", "kiln-redis", *(f"kiln-worker-{e}" for e in _cpu_workers())}
+    for engine in _cpu_workers():
         (container,) = deployments[f"kiln-worker-{engine}"]["spec"]["template"]["spec"]["containers"]
         assert container["command"] == ["kiln", "worker", "--engine", engine, "--concurrency", "1"]
         assert container["image"] == f"kiln/worker-{engine}:0.1.0"
         assert container["livenessProbe"]["exec"]["command"] == ["kiln-worker-healthcheck"]
         assert "nvidia.com/gpu" not in container["resources"].get("limits", {})
+    # The tune worker consumes kiln.tune (`kiln worker --engine tune`), with room for three engines.
+    tune = deployments["kiln-worker-tune"]
+    assert tune["metadata"]["labels"]["kiln.dev/engine"] == "tune"
+    (container,) = tune["spec"]["template"]["spec"]["containers"]
+    assert container["command"][:4] == ["kiln", "worker", "--engine", "tune"]
+    assert container["image"] == "kiln/worker-tune:0.1.0"
+    assert container["resources"] == {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "12Gi"}}
     assert set(_by_kind(docs, "StatefulSet")) == {"kiln-postgres", "kiln-minio"}
     assert not _by_kind(docs, "Ingress") and not _by_kind(docs, "ScaledObject")
     # The API pod serves only after the schema is current and the bundled MinIO has its buckets.
@@ -494,6 +565,8 @@ def test_helm_kiln_settings_are_documented(rendered: dict[str, list[dict[str, An
 
 def test_full_render_gpu_workers_keda_and_ingress(rendered: dict[str, list[dict[str, Any]]]) -> None:
     from services.graph.engines import ENGINES, queue_name
+    from services.tune.plan import TUNE_ENGINE
+    from workers.queues import queue_engines
 
     docs = rendered["full-values"]
     deployments = _by_kind(docs, "Deployment")
@@ -502,7 +575,7 @@ def test_full_render_gpu_workers_keda_and_ingress(rendered: dict[str, list[dict[
         for d in deployments.values()
         if "kiln.dev/engine" in d["metadata"]["labels"]
     }
-    assert set(workers) == set(ENGINES)
+    assert set(workers) == set(queue_engines()) == {*ENGINES, TUNE_ENGINE}
     for engine, dep in workers.items():
         assert "replicas" not in dep["spec"], "KEDA owns the replica count"
         pod = dep["spec"]["template"]["spec"]
@@ -518,7 +591,14 @@ def test_full_render_gpu_workers_keda_and_ingress(rendered: dict[str, list[dict[
         "registry.example.com/ml/kiln-worker-onnxruntime-custom:1.2.3-torch"
     )
     scaled = _by_kind(docs, "ScaledObject")
-    assert len(scaled) == len(ENGINES)
+    assert len(scaled) == len(queue_engines()) == len(ENGINES) + 1
+    # POST /tune's queue scales the tune worker.
+    tune = scaled["kiln-worker-tune"]
+    assert tune["spec"]["scaleTargetRef"]["name"] == "kiln-worker-tune"
+    assert tune["spec"]["triggers"][0]["metadata"]["listName"] == "kiln.tune"
+    assert workers["tune"]["spec"]["template"]["spec"]["containers"][0]["image"] == (
+        "registry.example.com/ml/kiln/worker-tune:1.2.3"
+    )
     for so in scaled.values():
         engine = so["metadata"]["labels"]["kiln.dev/engine"]
         assert so["apiVersion"] == "keda.sh/v1alpha1"
@@ -540,7 +620,8 @@ def test_full_render_gpu_workers_keda_and_ingress(rendered: dict[str, list[dict[
 def test_external_render_bundles_nothing(rendered: dict[str, list[dict[str, Any]]]) -> None:
     docs = rendered["external-values"]
     assert not _by_kind(docs, "StatefulSet")
-    assert set(_by_kind(docs, "Deployment")) == {"kiln-api", *(f"kiln-worker-{e}" for e in _cpu_engines())}
+    assert set(_by_kind(docs, "Deployment")) == {"kiln-api", *(f"kiln-worker-{e}" for e in _cpu_workers())}
+    assert "kiln-worker-tune" in _by_kind(docs, "ScaledObject")
     secret = _by_kind(docs, "Secret")["kiln"]["stringData"]
     assert secret["KILN_DATABASE_URL"] == "postgresql+psycopg://kiln:pw@db.internal:5432/kiln"
     assert secret["KILN_BROKER_URL"] == "redis://:pw@redis.internal:6379/2"
@@ -560,18 +641,49 @@ def test_external_render_bundles_nothing(rendered: dict[str, list[dict[str, Any]
 def test_chart_workers_are_exactly_the_engines() -> None:
     from services.deploy_snippets import helm_worker
     from services.graph.engines import ENGINES
+    from services.tune.plan import TUNE_ENGINE
+    from workers.queues import queue_engines
 
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     schema = json.loads((CHART / "values.schema.json").read_text())
-    assert set(values["workers"]) >= set(ENGINES), _missing_engines_hint(set(ENGINES) - set(values["workers"]))
-    assert set(values["workers"]) == set(ENGINES) == _engines_the_planner_needs()
-    assert set(schema["properties"]["workers"]["propertyNames"]["enum"]) == set(ENGINES)
+    assert set(values["workers"]) >= set(queue_engines()), _missing_engines_hint(
+        set(queue_engines()) - set(values["workers"])
+    )
+    assert set(values["workers"]) == set(queue_engines()) == {*ENGINES, TUNE_ENGINE}
+    assert set(ENGINES) == _engines_the_planner_needs()
+    assert set(schema["properties"]["workers"]["propertyNames"]["enum"]) == set(queue_engines())
     for name, worker in values["workers"].items():
+        if name == TUNE_ENGINE:
+            continue  # no engine descriptor: test_chart_tune_worker
         expected = helm_worker(name)  # from the engine's descriptor: GPU engines are off by default
         assert (worker["enabled"], worker["gpus"]) == (expected["enabled"], expected["gpus"]), name
         assert worker["nodeSelector"] == expected["nodeSelector"], name
         assert worker["tolerations"] == expected["tolerations"], name
     assert values["workers"]["tensorrt-cu13"]["enabled"] is False and values["workers"]["onnxruntime"]["gpus"] == 0
+
+
+def _gib(quantity: str) -> float:
+    units = {"Mi": 1 / 1024, "Gi": 1.0, "Ti": 1024.0}
+    return float(quantity[:-2]) * units[quantity[-2:]]
+
+
+def test_chart_tune_worker() -> None:
+    """workers.tune: on by default, CPU only, with at least the memory of each engine it runs."""
+    from services.deploy_snippets import helm_worker
+    from workers.queues import tunable_engines
+
+    workers = yaml.safe_load((CHART / "values.yaml").read_text())["workers"]
+    tune = workers["tune"]
+    cpu_defaults = helm_worker("onnxruntime")
+    assert set(tune) == set(cpu_defaults)
+    for key in ("enabled", "gpus", "nodeSelector", "tolerations", "image"):
+        assert tune[key] == cpu_defaults[key], key
+    assert tune["resources"] == {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "12Gi"}}
+    for engine in tunable_engines():
+        single = workers[engine]["resources"]
+        assert _gib(tune["resources"]["requests"]["memory"]) > _gib(single["requests"]["memory"]), engine
+        assert _gib(tune["resources"]["limits"]["memory"]) >= _gib(single["limits"]["memory"]), engine
+    assert helm_process.call("validate", {"workers": {"tune": {"gpus": 0}}})["values_error"] is None
 
 
 @pytest.mark.parametrize(
