@@ -15,36 +15,57 @@ from services.descriptors import registry
 from services.errors import EngineUnavailable, InvalidSpec
 from services.formats import DetectedSource
 from services.graph.planner import Plan
+from services.jobs.worker_registry import WorkerRegistry
 from services.spec import CompileSpec
 from services.tune.options import TuneOptions, load_tune_options
 from services.tune.plan import TUNE_ENGINE, plan_tune
 from services.tune.space import TUNABLE_TARGETS, default_targets
 
-__all__ = ["BUDGET_SHARE", "prepare_tune"]
+__all__ = ["BUDGET_SHARE", "prepare_tune", "tune_worker_engines"]
 
 #: The share of the step time limit a tune may spend at most (the rest: publishing, stopping cleanly).
 BUDGET_SHARE = 0.8
 
 
-def _targets(options: TuneOptions, live_engines: Collection[str] | None) -> list[str]:
-    """Return the targets to search: the options', or the tunable ones a live tune worker runs."""
+def tune_worker_engines(workers: WorkerRegistry, max_age: float | None) -> set[str]:
+    """Return the engines the live tune workers run (a `--engine tune` worker lists them in its versions)."""
+    if max_age is None:
+        return set()
+    return {
+        e.split("-")[0]
+        for w in workers.live_workers(max_age)
+        if TUNE_ENGINE in w.engines
+        for e in [*w.engines, *w.versions]
+    }
+
+
+def _targets(options: TuneOptions, live_engines: Collection[str] | None, runs: set[str]) -> list[str]:
+    """Return the targets to search: the options', else the default ones the live tune workers run.
+
+    ``runs``: the engines of live tune workers (empty while `kiln serve`'s own worker is still
+    starting: then the ones installed here, which are what it will run).
+    """
     if options.targets:
         return list(options.targets)
-    if live_engines is None:
-        return default_targets()
     known = registry().targets
-    runs = {e.split("-")[0] for e in live_engines}
-    targets = [t for t in TUNABLE_TARGETS if t in known and known[t].engine in runs]
-    if not targets and TUNE_ENGINE not in live_engines:
-        raise EngineUnavailable(
-            "no live worker takes tune jobs (one that runs two or more of onnxruntime, openvino, tensorflow)",
-            hint="Start `kiln serve`, or a worker serving several engines (`kiln worker` in an image with them).",
-            engines=[TUNE_ENGINE],
-        )
-    return targets
+    if runs:
+        return [t for t in TUNABLE_TARGETS if t in known and known[t].engine in runs]
+    if live_engines is None or TUNE_ENGINE in live_engines:
+        return default_targets()
+    raise EngineUnavailable(
+        "no live worker takes tune jobs (one that runs two or more of onnxruntime, openvino, tensorflow)",
+        hint="Start `kiln serve`, or `kiln worker --engine tune` in an image with those engines (worker-tune).",
+        engines=[TUNE_ENGINE],
+    )
 
 
-def prepare_tune(fields: dict[str, str], *, live_engines: Collection[str] | None, step_time_limit: float) -> Planner:
+def prepare_tune(
+    fields: dict[str, str],
+    *,
+    live_engines: Collection[str] | None,
+    tune_engines: set[str],
+    step_time_limit: float,
+) -> Planner:
     """Return the planner of the tune's job; set ``fields["spec"]`` to the spec it runs with.
 
     The ``spec`` part is optional here (a CompileSpec's shared fields: inputs, tolerances,
@@ -52,7 +73,7 @@ def prepare_tune(fields: dict[str, str], *, live_engines: Collection[str] | None
     ``BUDGET_SHARE`` of ``step_time_limit``, so the search stops on its own before the step is stopped.
     """
     options = load_tune_options(fields.get("tune"))
-    targets = _targets(options, live_engines)
+    targets = _targets(options, live_engines, tune_engines)
     if not targets:
         raise InvalidSpec("the tune has no target to search", hint='Name them: {"targets": ["onnxruntime", ...]}.')
     cap = step_time_limit * BUDGET_SHARE

@@ -19,6 +19,7 @@ sweep of the same points, to check that the pick is still within 10% of the best
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -246,6 +247,9 @@ def main() -> int:
                 f"{timed} candidates timed, {body['measurement'].get('left_the_race', 0)} left the race early; cache: {cache['steps_cached']} of {cache['steps']} steps reused "
                 f"({cache['conversions_reused']} conversions reused, {cache['conversions_run']} run)"
             )
+            for b in body["built"]:
+                if b["status"] == "failed":  # the table cuts reasons short; a failed build's whole reason
+                    print(f"failed build {b['target']} {b['precision']}: {json.dumps(b['error'])[:3000]}")
             if rec is None:
                 print("no recommendation")
                 continue

@@ -131,3 +131,13 @@ def test_the_pareto_front_keeps_what_no_qualifying_point_beats_on_both_axes() ->
     assert xs["d"] < xs["a"] < xs["b"] < xs["c"] < xs["e"] < xs["f"]  # latency grows to the right
     ys = {p.label.split()[0]: p.cy for p in chart.points}
     assert ys["e"] < ys["b"] < ys["c"] < ys["a"]  # higher SNR is higher up (smaller y)
+
+
+def test_mnn_and_ncnn_are_searched_over_their_thread_counts_when_asked_for() -> None:
+    from services.tune.space import default_targets, runner_options, settings_grid
+
+    for target in ("mnn", "ncnn"):
+        assert settings_grid(target, "latency", cpus=4) == [{"threads": 4}, {"threads": 1}]
+        assert runner_options(target, {"threads": 4}) == {"threads": 4}
+        assert target not in default_targets()  # only when --targets names them
+    assert settings_grid("tvm", "latency", cpus=4) == [{}]

@@ -247,14 +247,16 @@ def test_each_engine_has_its_own_reliable_task_on_its_own_queue(tmp_path: Path) 
     import sqlalchemy.exc
 
     from workers.app import create_celery_app
-    from workers.queues import task_name
+    from workers.queues import queue_engines, task_name
 
     settings = Settings(cache_dir=tmp_path, step_hard_time_limit=100)
     app = create_celery_app(settings)
     assert app.conf.broker_url == "filesystem://"  # no KILN_BROKER_URL: the embedded broker
     assert app.conf.worker_prefetch_multiplier == 1 and app.conf.task_acks_late
-    assert {q.name for q in app.conf.task_queues} == {queue_name(e) for e in ENGINES}
-    for name in ENGINES:
+    # Every engine's queue, and the tune queue (POST /tune's search steps).
+    assert queue_engines() == [*ENGINES, "tune"]
+    assert {q.name for q in app.conf.task_queues} == {queue_name(e) for e in queue_engines()}
+    for name in queue_engines():
         task = app.tasks[task_name(name)]
         assert task.queue == queue_name(name)
         assert task.acks_late and task.reject_on_worker_lost

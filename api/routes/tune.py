@@ -25,7 +25,7 @@ from api.idempotency import IdempotencyKeyHeader
 from api.routes.compile import ERRORS, accept_upload
 from api.schemas import JobAccepted
 from api.submission import Planner
-from api.tune_submission import prepare_tune
+from api.tune_submission import prepare_tune, tune_worker_engines
 from api.upload import Upload
 
 __all__ = ["router"]
@@ -100,7 +100,10 @@ async def tune(
     """
 
     def prepare(upload: Upload, live: set[str] | None) -> Planner:
-        return prepare_tune(upload.fields, live_engines=live, step_time_limit=settings.step_soft_time_limit)
+        runs = tune_worker_engines(workers, request.app.state.worker_max_age)
+        return prepare_tune(
+            upload.fields, live_engines=live, tune_engines=runs, step_time_limit=settings.step_soft_time_limit
+        )
 
     return await accept_upload(
         request,

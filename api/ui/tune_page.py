@@ -6,39 +6,31 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 
-from api.tune_submission import BUDGET_SHARE
-from api.ui.pages import live_engines, source_formats
+from api.tune_submission import BUDGET_SHARE, tune_worker_engines
+from api.ui.pages import source_formats
 from api.ui.session import error_page, render, viewer
 from services.descriptors import registry
 from services.errors import NotFound
-from services.tune.plan import TUNE_ENGINE
-from services.tune.space import TUNABLE_TARGETS
+from services.tune.space import THREADED_TARGETS, TUNABLE_TARGETS
 
 __all__ = ["router"]
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 
-#: CPU targets a tune can time: those with a settings grid, then the others at their runner's defaults.
-_CPU_TARGETS = (*TUNABLE_TARGETS, "tvm", "mnn", "ncnn")
+#: CPU targets a tune can time: the default ones, those it searches threads for when asked, then tvm (its defaults).
+_CPU_TARGETS = (*TUNABLE_TARGETS, *THREADED_TARGETS, "tvm")
 
 
-def _targets(live: set[str]) -> list[dict[str, object]]:
-    """Return the targets the form offers: tunable ones a live tune worker runs are checked."""
+def _targets(runs: set[str]) -> list[dict[str, object]]:
+    """Return the targets the form offers: the default ones a live tune worker runs are checked."""
     known = registry().targets
-    runs = {e.split("-")[0] for e in live} if TUNE_ENGINE in live else set()
     out = []
     for name in _CPU_TARGETS:
         if name not in known:
             continue
+        grid = "default" if name in TUNABLE_TARGETS else "threads" if name in THREADED_TARGETS else "none"
         is_live = known[name].engine in runs
-        out.append(
-            {
-                "name": name,
-                "tunable": name in TUNABLE_TARGETS,
-                "live": is_live,
-                "checked": is_live and name in TUNABLE_TARGETS,
-            }
-        )
+        out.append({"name": name, "grid": grid, "live": is_live, "checked": is_live and grid == "default"})
     return out
 
 
@@ -49,14 +41,15 @@ async def tune_page(request: Request) -> Response:
         return who
     if not who.allows("write"):
         return error_page(request, who, NotFound("tuning needs a token with the write scope"))
-    live = await run_in_threadpool(live_engines, request)
+    state = request.app.state
+    runs = await run_in_threadpool(tune_worker_engines, state.workers, state.worker_max_age)
     settings = request.app.state.settings
     return render(
         request,
         "tune.html",
         who,
         nav="tune",
-        targets=_targets(live),
+        targets=_targets(runs),
         budget_cap=settings.step_soft_time_limit * BUDGET_SHARE,
         **source_formats(),
     )

@@ -57,9 +57,27 @@ def opt_out_of_telemetry() -> None:
         pass
 
 
+def _readable_path(ctx: StepContext, source: Any) -> Any:
+    """Return ``source``, or when it is a path with a comma, the same file through a comma-free link.
+
+    OpenVINO's converter reads a path string with a comma as a list of files (ovc's
+    cli_parser splits it, a pathlib.Path too), so ``/work/a, b/model.onnx`` is "not existing";
+    its folder is linked under the step's scratch, keeping the files beside the model
+    (external data) next to it.
+    """
+    if not isinstance(source, (str, Path)) or "," not in str(source):
+        return source
+    path = Path(source)
+    link = ctx.scratch / "ovc-input"
+    if not link.exists():
+        link.symlink_to(path.parent.resolve(), target_is_directory=True)
+    return str(link / path.name)
+
+
 def _convert(ctx: StepContext, source: Any, label: str) -> Any:
     """Return ``ov.convert_model(source)``; a refusal becomes CONVERSION_FAILED with the tool's message."""
     ov = _ov()
+    source = _readable_path(ctx, source)
     ctx.progress(f"converting {label} with {TOOL}")
     try:
         return ov.convert_model(source)

@@ -4,8 +4,9 @@ Each engine's settings are the knobs its runner takes (services/runners): onnxru
 intra-op threads and graph optimisation level; OpenVINO's threads, streams and performance
 hint (always with ``INFERENCE_PRECISION_HINT=f32``: on CPUs with AVX512-BF16/AMX the plugin
 otherwise runs float graphs in bf16, which is not what parity checked); LiteRT's threads and
-whether its default XNNPACK delegate applies. Targets without a grid here (mnn, ncnn, tvm,
-tfserving) are timed at their runner's defaults.
+whether its default XNNPACK delegate applies; MNN's and ncnn's thread counts (searched only
+when asked for: they are not default targets). Targets without a grid here (tvm, tfserving)
+are timed at their runner's defaults.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from services.descriptors import registry
 from services.graph.engines import ENGINES
 
 __all__ = [
+    "THREADED_TARGETS",
     "TUNABLE_TARGETS",
     "default_targets",
     "precisions_for",
@@ -28,6 +30,8 @@ __all__ = [
 
 #: Targets with a settings grid, in the order they are tried; the default search covers the installed ones.
 TUNABLE_TARGETS = ("onnxruntime", "openvino", "tflite")
+#: Targets searched only when asked for (``--targets``), whose grid is their runner's thread count.
+THREADED_TARGETS = ("mnn", "ncnn")
 
 
 def _engine_installed(family: str) -> bool:
@@ -72,6 +76,8 @@ def settings_grid(target: str, objective: str, cpus: int | None = None) -> list[
         return grid
     if target == "tflite":
         return [{"threads": t, "xnnpack": x} for t in reversed(threads) for x in (True, False)]
+    if target in THREADED_TARGETS:
+        return [{"threads": t} for t in reversed(threads)]
     return [{}]
 
 
