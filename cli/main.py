@@ -55,7 +55,9 @@ def _log_events(log: Path) -> Any:
 @click.option("--name", help="Published model name (default: the file's name).")
 @click.option("--version", "model_version", type=int, help="Published version (default: next free).")
 @click.option(
-    "--calibration", type=click.Path(exists=True, dir_okay=False, path_type=Path), help=".npz keyed by input name."
+    "--calibration",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help=".npz keyed by input name (samples on axis 0) or whole feeds keyed <sample>/<input>.",
 )
 @click.option(
     "--spec",

@@ -328,3 +328,125 @@ def tiny_gpt2_onnx(path: Path, *, n_embd: int = 64, n_layer: int = 2, n_head: in
 
     ids = torch.randint(0, GPT2_VOCAB, (1, seq))
     return export_onnx(Logits().eval(), ids, path, input_name="input_ids", output_name="logits")
+
+
+#: Different arithmetic per sample rate, as Silero VAD's ``forward(x, sr: int)`` has.
+RATE_DEPENDENT_SCRIPT = """
+import sys
+import torch
+
+
+class RateDependent(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor, sr: int) -> torch.Tensor:
+        if sr == 16000:
+            return torch.relu(self.lin(x))
+        return torch.tanh(self.lin(x)) * 3.0
+
+
+torch.manual_seed(0)
+torch.jit.script(RateDependent().eval()).save(sys.argv[1])
+"""
+
+
+def rate_dependent_torchscript(folder: Path) -> Path:
+    """A scripted module ``forward(x: [N, 8], sr: int) -> [N, 4]`` whose arithmetic depends on ``sr``
+    (relu at 16000, 3*tanh otherwise), saved as ``folder/rate.pt``.
+
+    Scripted in a fresh interpreter: TorchScript compiles a class once per process, and a test
+    session has other scripted modules and state that made in-session scripting of it fail;
+    TorchScript also reads the class's source from its file, so the script is written beside it.
+    """
+    import subprocess
+    import sys
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "make_rate.py").write_text(RATE_DEPENDENT_SCRIPT)
+    path = folder / "rate.pt"
+    subprocess.run([sys.executable, str(folder / "make_rate.py"), str(path)], check=True, timeout=300)
+    return path
+
+
+STATE_UNITS = 16
+
+
+def _stateful_weights() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    wx = (rng.standard_normal((8, STATE_UNITS)) / np.sqrt(8)).astype(np.float32)
+    wy = (rng.standard_normal((STATE_UNITS, 1)) / np.sqrt(STATE_UNITS)).astype(np.float32)
+    return wx, wy
+
+
+def stateful_scalar_step(x: np.ndarray, state: np.ndarray, sr: Any) -> dict[str, np.ndarray]:
+    """``stateful_scalar_onnx``'s outputs for one feed, computed in numpy."""
+    wx, wy = _stateful_weights()
+    scale = np.float32(np.asarray(sr)) / np.float32(16000.0)
+    new_state = np.tanh((state + (x @ wx)[None]) * scale).astype(np.float32)
+    y = (1.0 / (1.0 + np.exp(-(new_state.mean(axis=0) @ wy)))).astype(np.float32)
+    return {"y": y, "new_state": new_state}
+
+
+def stateful_scalar_onnx(path: Path) -> Path:
+    """A streaming cell shaped like Silero VAD's: ``x [B, 8]``, ``state [2, B, 16]`` (batch on axis 1)
+    and a 0-d int64 ``sr`` in; ``y [B, 1]`` and ``new_state [2, B, 16]`` out.
+
+    ``new_state = tanh((state + x @ Wx) * sr / 16000)`` and ``y = sigmoid(mean(new_state, 0) @ Wy)``:
+    the rate scales every value, so a wrong ``sr`` changes the outputs. No array of such samples
+    stacks on axis 0; calibration data for it uses the whole-feed layout (``<sample>/<input>``).
+    """
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    wx, wy = _stateful_weights()
+    nodes = [
+        helper.make_node("MatMul", ["x", "wx"], ["xw"]),
+        helper.make_node("Unsqueeze", ["xw", "axis0"], ["xw1"]),
+        helper.make_node("Add", ["state", "xw1"], ["summed"]),
+        helper.make_node("Cast", ["sr"], ["srf"], to=TensorProto.FLOAT),
+        helper.make_node("Div", ["srf", "base_rate"], ["scale"]),
+        helper.make_node("Mul", ["summed", "scale"], ["scaled"]),
+        helper.make_node("Tanh", ["scaled"], ["new_state"]),
+        helper.make_node("ReduceMean", ["new_state", "axis0"], ["pooled"], keepdims=0),
+        helper.make_node("MatMul", ["pooled", "wy"], ["logit"]),
+        helper.make_node("Sigmoid", ["logit"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "stateful_scalar",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 8]),
+            helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, "B", STATE_UNITS]),
+            helper.make_tensor_value_info("sr", TensorProto.INT64, []),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", 1]),
+            helper.make_tensor_value_info("new_state", TensorProto.FLOAT, [2, "B", STATE_UNITS]),
+        ],
+        [
+            numpy_helper.from_array(wx, "wx"),
+            numpy_helper.from_array(wy, "wy"),
+            numpy_helper.from_array(np.array([0], np.int64), "axis0"),
+            numpy_helper.from_array(np.array(16000.0, np.float32), "base_rate"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def stateful_scalar_feeds(n: int, batch: int = 1, rate: int = 16000, seed: int = 5) -> dict[str, np.ndarray]:
+    """``n`` whole feeds for ``stateful_scalar_onnx`` keyed ``<sample>/<input>``: the state carried
+    from step to step as a stream carries it, and the same 0-d int64 ``sr`` in every one."""
+    rng = np.random.default_rng(seed)
+    state = np.zeros((2, batch, STATE_UNITS), np.float32)
+    feeds: dict[str, np.ndarray] = {}
+    for i in range(n):
+        x = rng.standard_normal((batch, 8)).astype(np.float32)
+        feeds[f"{i}/x"], feeds[f"{i}/state"], feeds[f"{i}/sr"] = x, state, np.array(rate, np.int64)
+        state = stateful_scalar_step(x, state, rate)["new_state"]
+    return feeds

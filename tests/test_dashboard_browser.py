@@ -560,3 +560,35 @@ def test_the_tune_page_starts_a_tune_whose_candidates_arrive_live(service: Servi
     assert widths == sorted(widths, reverse=True) and widths[0] > widths[-1]
     assert bars.first.get_attribute("data-op") == max(ops, key=lambda o: o["ms_per_run"])["op_type"]
     screenshot(page, "tune-job")
+
+
+def test_the_form_uploads_whole_feed_calibration_for_a_state_and_a_scalar(
+    service: Service, page: Any, tmp_path: Path
+) -> None:
+    """Issue 19: a model with ``state [2, B, 16]`` (batch on axis 1) and a 0-d int64 ``sr``, and an
+    .npz of whole feeds keyed ``<sample>/<input>`` chosen in the form's calibration field."""
+    import numpy as np
+    from playwright.sync_api import expect
+
+    from kiln_testing.models import stateful_scalar_feeds, stateful_scalar_onnx
+
+    model = stateful_scalar_onnx(tmp_path / "stateful.onnx")
+    feeds = tmp_path / "feeds.npz"
+    np.savez(feeds, **stateful_scalar_feeds(8))
+    page.goto(f"{service.base}/ui/submit")
+    page.set_input_files("#model", str(model))
+    page.set_input_files("#calibration", str(feeds))
+    expect(page.get_by_test_id("plan-preview")).to_contain_text("onnxruntime: onnx")
+    page.fill("#advanced", json.dumps({"name": "stateful-form", "benchmark": False}))
+    page.get_by_role("button", name="Submit").click()
+    page.wait_for_url(re.compile(r"/ui/jobs/[0-9a-f]{32}$"))
+    job_id = page.url.rsplit("/", 1)[1]
+    expect(page.get_by_test_id("job-status")).to_contain_text("succeeded", timeout=WAIT_MS)
+    expect(page.get_by_test_id("input-provenance").first).to_contain_text("whole feeds of the calibration file")
+    job = httpx.get(f"{service.base}/jobs/{job_id}").json()
+    assert job["spec"]["calibration"] == "feeds.npz" and job["source"]["filename"] == "stateful.onnx"
+    parity = job["targets"]["onnxruntime"]["parity"]
+    assert parity["passed"] and parity["inputs_from"] == "calibration", parity
+    assert parity["shapes"][0] == {"x": [1, 8], "state": [2, 1, 16], "sr": []}, parity["shapes"]
+    whole = "whole feeds of the calibration file"
+    assert parity["input_provenance"] == {"x": whole, "state": whole, "sr": whole}, parity

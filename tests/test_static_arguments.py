@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,40 +16,15 @@ import torch
 from jobs_support import KILN_CMD
 from onnx import TensorProto, helper
 
+from kiln_testing.models import rate_dependent_torchscript
 from services.errors import InvalidSpec
 from services.pipeline import compile_model
 from services.spec import load_spec
 
-#: Different arithmetic per sample rate, as Silero VAD's forward(x, sr: int) has. Scripted in a
-#: fresh interpreter: TorchScript compiles a class once per process, and a test session has
-#: other scripted modules and state that made in-session scripting of it fail.
-SCRIPT = """
-import sys
-import torch
-
-
-class RateDependent(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = torch.nn.Linear(8, 4)
-
-    def forward(self, x: torch.Tensor, sr: int) -> torch.Tensor:
-        if sr == 16000:
-            return torch.relu(self.lin(x))
-        return torch.tanh(self.lin(x)) * 3.0
-
-
-torch.manual_seed(0)
-torch.jit.script(RateDependent().eval()).save(sys.argv[1])
-"""
-
 
 @pytest.fixture(scope="module")
 def scripted(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.jit.ScriptModule, Path]:
-    folder = tmp_path_factory.mktemp("scripted")
-    (folder / "make_rate.py").write_text(SCRIPT)  # TorchScript reads the class's source from its file
-    path = folder / "rate.pt"
-    subprocess.run([sys.executable, str(folder / "make_rate.py"), str(path)], check=True, timeout=300)
+    path = rate_dependent_torchscript(tmp_path_factory.mktemp("scripted"))
     return torch.jit.load(str(path)), path
 
 

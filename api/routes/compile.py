@@ -70,7 +70,9 @@ _BODY = {
                     "calibration": {
                         "type": "string",
                         "format": "binary",
-                        "description": "Optional .npz keyed by input name (int8 calibration and parity inputs).",
+                        "description": "Optional .npz of real inputs (int8 calibration and parity inputs): "
+                        "arrays keyed by input name, samples stacked on axis 0, or whole feeds keyed "
+                        "`<sample>/<input>` (any shapes: scalars, a state batched on another axis).",
                     },
                 },
             },

@@ -252,7 +252,8 @@ class Client:
         ``model_path``: a model file, an archive, or a folder (SavedModel, Hugging Face
         checkpoint, Paddle model), which is packed into a tar first; the upload streams from
         disk. ``spec``: a dict, JSON text, or a CompileSpec. ``calibration``: an ``.npz``
-        keyed by input name. ``timeout``: seconds to wait for the job (``TIMEOUT`` after).
+        keyed by input name (samples on axis 0) or whole feeds keyed ``<sample>/<input>``.
+        ``timeout``: seconds to wait for the job (``TIMEOUT`` after).
         ``idempotency_key``: one is made when not given, so a submit retried after a dropped
         connection returns the first job instead of making a second. Refusals (bad spec,
         unsafe model, no route) raise :class:`KilnError`; a job that fails does not — check
