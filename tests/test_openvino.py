@@ -474,3 +474,15 @@ def test_conversions_send_no_openvino_telemetry(source: str, request, tmp_path: 
     assert proc.returncode == 0, proc.stderr[-3000:]
     events = proc.stdout.rsplit("EVENTS ", 1)[1].strip()
     assert events in ("", "import"), events
+
+
+def test_a_path_with_a_comma_converts(cnn_onnx: Path, tmp_path: Path, repository) -> None:
+    # OpenVINO's converter reads "a, b/model.onnx" as two files; the store's folder (any folder a
+    # user picks for the cache) may have a comma in its name.
+    from services.storage import LocalArtifactStore
+
+    store = LocalArtifactStore(tmp_path / "cache (team a, models)")
+    result = compile_model(cnn_onnx, _spec("fp32", benchmark=False), store=store, repository=repository)
+    target = result.targets["openvino"]
+    assert target.status == "succeeded", target.error
+    assert target.parity["passed"]
