@@ -79,6 +79,18 @@ def _built_rows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def _other_profiles(profiles: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Return (label, chart) for each profile besides the recommendation's: the runner-up's, and the
+    fastest candidate's of each engine with a profiler when neither of those ran on it."""
+    out = []
+    for role, profile in profiles.items():
+        chart = profile_chart(profile) if role != "recommendation" else None
+        if chart is not None:
+            label = "the runner-up" if role == "runner_up" else f"the fastest {role.removeprefix('best_')} candidate"
+            out.append((label, chart))
+    return out
+
+
 def _ranking(objective: str) -> Any:
     """Return the sort key of the rows: the recommendation first, then best first by the objective, untimed last."""
 
@@ -125,6 +137,6 @@ def tune_panel(job: JobPublic, events: list[dict[str, Any]]) -> dict[str, Any]:
         "report": report,
         "scatter": tune_scatter(rows, rec_id),
         "profile": profile_chart(profile),
-        "runner_up_profile": profile_chart(((report or {}).get("profiles") or {}).get("runner_up")),
+        "other_profiles": _other_profiles((report or {}).get("profiles") or {}),
         "curve": curve_chart(curve),
     }
