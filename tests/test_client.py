@@ -136,6 +136,23 @@ def test_the_client_compiles_follows_and_downloads(service: Service, cnn_onnx: P
         assert not list((tmp_path / "artifacts").glob(".kiln-download-*"))  # no leftovers
 
 
+def test_the_client_tunes_and_downloads_the_recommendation(service: Service, cnn_onnx: Path, tmp_path: Path) -> None:
+    # The distributed worker serves onnxruntime and openvino, so it takes tune jobs too (kiln.tune).
+    goals = {"targets": ["onnxruntime", "openvino"], "precisions": ["fp32"], "rounds": 5, "warmup": 1}
+    with Client(service.url) as kiln:
+        job = kiln.tune(cnn_onnx, goals, {"name": "client-tuned", "validation": {"samples": 4}}, timeout=300)
+        files = {p.name for p in job.download("tune", tmp_path / "tuned").iterdir()}
+    assert job.ok and job.kind == "tune", job.error or job.targets
+    assert job.tune is not None
+    timed = [c for c in job.tune["candidates"] if c["status"] == "timed"]
+    assert {c["target"] for c in timed} == {"onnxruntime", "openvino"}
+    rec = job.tune["recommendation"]
+    assert rec["id"] == min((c for c in timed if c["meets_constraints"]), key=lambda c: c["p50_ms"])["id"]
+    published = job.targets["tune"].published
+    assert published is not None and published["name"] == "client-tuned"
+    assert ("model.onnx" in files) if rec["target"] == "onnxruntime" else {"model.xml", "model.bin"} <= files
+
+
 def test_cancel_stops_a_running_job_and_wait_times_out_before(service: Service, cnn_onnx: Path) -> None:
     # A benchmark long enough that the job is surely running when it is cancelled.
     spec = {"targets": ["onnxruntime"], "benchmark": {"batch_sizes": [1], "iterations": 100000, "warmup": 1}}

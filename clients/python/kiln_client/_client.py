@@ -259,7 +259,48 @@ class Client:
         unsafe model, no route) raise :class:`KilnError`; a job that fails does not — check
         ``job.ok`` or call ``job.raise_for_failure()``.
         """
-        spec_text = _spec_text(spec)
+        parts = {"spec": _spec_text(spec)}
+        return self._submit("/compile", model_path, parts, calibration, wait, timeout, cache, idempotency_key)
+
+    def tune(
+        self,
+        model_path: str | os.PathLike[str],
+        tune: Mapping[str, Any] | None = None,
+        spec: Any = None,
+        calibration: str | os.PathLike[str] | None = None,
+        *,
+        wait: bool = True,
+        timeout: float | None = None,
+        cache: bool = True,
+        idempotency_key: str | None = None,
+    ) -> Job:
+        """Upload a model for a tune (POST /tune) and return its job (ended, with ``wait``).
+
+        ``tune``: the search's goals, as ``kiln tune``'s flags (``objective``, ``batch``,
+        ``max_p99_ms``, ``targets``, ``precisions``, ``budget_s``, ``rounds``...; none: the
+        defaults). ``spec``: the compile settings every candidate shares (inputs,
+        tolerances, ``name`` to publish under). The ended job's ``tune`` is the report
+        (candidates, ``recommendation`` with runner-up and margin, profiles); its ``tune``
+        target is the recommended artifact (``job.download("tune", ...)``). The rest as
+        :meth:`compile`; ``cache=False`` measures again where an identical tune ran before.
+        """
+        parts = {"tune": json.dumps(dict(tune or {}))}
+        if spec is not None:
+            parts["spec"] = _spec_text(spec)
+        return self._submit("/tune", model_path, parts, calibration, wait, timeout, cache, idempotency_key)
+
+    def _submit(
+        self,
+        route: str,
+        model_path: str | os.PathLike[str],
+        fields: dict[str, str],
+        calibration: str | os.PathLike[str] | None,
+        wait: bool,
+        timeout: float | None,
+        cache: bool,
+        idempotency_key: str | None,
+    ) -> Job:
+        """POST the model, the JSON ``fields`` and the calibration file to ``route``; return the job."""
         key = idempotency_key or uuid.uuid4().hex
         calib = Path(calibration) if calibration is not None else None
         if calib is not None and not calib.is_file():
@@ -267,17 +308,16 @@ class Client:
         with _upload_path(Path(model_path)) as upload:
 
             def parts() -> dict[str, Any]:
-                files: dict[str, Any] = {
-                    "model": (upload.name, open(upload, "rb"), "application/octet-stream"),
-                    "spec": (None, spec_text, "application/json"),
-                }
+                files: dict[str, Any] = {"model": (upload.name, open(upload, "rb"), "application/octet-stream")}
+                for name, text in fields.items():
+                    files[name] = (None, text, "application/json")
                 if calib is not None:
                     files["calibration"] = (calib.name, open(calib, "rb"), "application/octet-stream")
                 return {"files": files}
 
             response = self.http.request(
                 "POST",
-                "/compile",
+                route,
                 idempotent=True,  # the key makes a repeat return the first job
                 build=parts,
                 params=None if cache else {"cache": "false"},

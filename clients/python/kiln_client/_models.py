@@ -184,6 +184,10 @@ class JobInfo:
     targets: dict[str, Target]
     steps: list[Step]
     error: ErrorInfo | None = None
+    #: "compile" (POST /compile) or "tune" (POST /tune).
+    kind: str = "compile"
+    #: A tune job's report once its search ran (``kiln tune --json``'s body: candidates, recommendation...).
+    tune: dict[str, Any] | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @staticmethod
@@ -205,6 +209,8 @@ class JobInfo:
             "targets": {k: Target.from_dict(v) for k, v in (body.get("targets") or {}).items()},
             "steps": [Step.from_dict(s) for s in body.get("steps") or []],
             "error": ErrorInfo.from_dict(body.get("error")),
+            "kind": body.get("kind", "compile"),
+            "tune": body.get("tune"),
             "raw": body,
         }
 
