@@ -9,6 +9,7 @@ its own settings and Celery app instead of patching globals.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
@@ -115,3 +116,33 @@ def _require(scope: str) -> Any:
 ReadAuth = Annotated[Principal, Depends(_require("read"))]
 WriteAuth = Annotated[Principal, Depends(_require("write"))]
 AdminAuth = Annotated[Principal, Depends(_require("admin"))]
+
+
+@dataclass
+class Intake:
+    """What accepting an upload needs (POST /compile, POST /tune): the caller (write scope) and what it writes to."""
+
+    principal: Principal
+    settings: Settings
+    jobs: JobStore
+    workers: WorkerRegistry
+    store: ArtifactStore
+    celery: Any
+    registry: Registry
+    keys: IdempotencyKeys
+
+
+async def get_intake(
+    principal: WriteAuth,
+    settings: SettingsDep,
+    jobs: JobStoreDep,
+    workers: WorkersDep,
+    store: StoreDep,
+    celery: CeleryDep,
+    registry: RegistryDep,
+    keys: IdempotencyDep,
+) -> Intake:
+    return Intake(principal, settings, jobs, workers, store, celery, registry, keys)
+
+
+IntakeDep = Annotated[Intake, Depends(get_intake)]

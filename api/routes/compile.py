@@ -9,16 +9,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
-from api.deps import (
-    CeleryDep,
-    IdempotencyDep,
-    JobStoreDep,
-    RegistryDep,
-    SettingsDep,
-    StoreDep,
-    WorkersDep,
-    WriteAuth,
-)
+from api.deps import Intake, IntakeDep
 from api.idempotency import ACCEPTED_RESPONSE, IDEMPOTENCY_RESPONSES, IdempotencyKeyHeader, replay, upload_fingerprint
 from api.schemas import ErrorPublic, JobAccepted
 from api.submission import Planner, submit_job
@@ -92,14 +83,7 @@ _BODY = {
 )
 async def submit(
     request: Request,
-    principal: WriteAuth,
-    settings: SettingsDep,
-    jobs: JobStoreDep,
-    workers: WorkersDep,
-    store: StoreDep,
-    celery: CeleryDep,
-    registry: RegistryDep,
-    keys: IdempotencyDep,
+    intake: IntakeDep,
     idempotency_key: IdempotencyKeyHeader = None,
     cache: bool = Query(True, description="Take step outputs from the cache when present."),
 ) -> JSONResponse:
@@ -108,21 +92,12 @@ async def submit(
     A `name` (or `<name>-<target>`) another tenant publishes under is FORBIDDEN. With an
     `Idempotency-Key`, a repeat of the same request answers 200 with the first job.
     """
-    return await accept_upload(
-        request, principal, settings, jobs, workers, store, celery, registry, keys, idempotency_key, cache
-    )
+    return await accept_upload(request, intake, idempotency_key, cache)
 
 
 async def accept_upload(
     request: Request,
-    principal: WriteAuth,
-    settings: SettingsDep,
-    jobs: JobStoreDep,
-    workers: WorkersDep,
-    store: StoreDep,
-    celery: CeleryDep,
-    registry: RegistryDep,
-    keys: IdempotencyDep,
+    intake: Intake,
     idempotency_key: str | None,
     cache: bool,
     *,
@@ -134,8 +109,9 @@ async def accept_upload(
     ``route`` keeps the two routes' idempotency fingerprints apart; ``prepare`` plans a job
     other than a compile (api/submission.py).
     """
+    principal, jobs, keys = intake.principal, intake.jobs, intake.keys
     scratch = request.app.state.scratch.dir
-    upload = await receive_upload(request, max_bytes=settings.max_upload_bytes, tmp_root=scratch / "uploads")
+    upload = await receive_upload(request, max_bytes=intake.settings.max_upload_bytes, tmp_root=scratch / "uploads")
     request.app.state.metrics.upload_bytes.inc(upload.total_bytes)
     claim = None
     if idempotency_key is not None:
@@ -150,15 +126,15 @@ async def accept_upload(
             submit_job,
             upload,
             jobs=jobs,
-            workers=workers,
-            store=store,
-            registry=registry,
-            celery_app=celery,
+            workers=intake.workers,
+            store=intake.store,
+            registry=intake.registry,
+            celery_app=intake.celery,
             use_cache=cache,
             principal=principal,
             scratch_root=scratch / "detect",
             worker_max_age=request.app.state.worker_max_age,
-            vet=settings.vet_uploads,
+            vet=intake.settings.vet_uploads,
             idempotency=claim,
             embedded=request.app.state.embedded,
             webhooks=request.app.state.webhook_policy,

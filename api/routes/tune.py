@@ -11,16 +11,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 
-from api.deps import (
-    CeleryDep,
-    IdempotencyDep,
-    JobStoreDep,
-    RegistryDep,
-    SettingsDep,
-    StoreDep,
-    WorkersDep,
-    WriteAuth,
-)
+from api.deps import IntakeDep
 from api.idempotency import IdempotencyKeyHeader
 from api.routes.compile import ERRORS, accept_upload
 from api.schemas import JobAccepted
@@ -76,14 +67,7 @@ _BODY = {
 )
 async def tune(
     request: Request,
-    principal: WriteAuth,
-    settings: SettingsDep,
-    jobs: JobStoreDep,
-    workers: WorkersDep,
-    store: StoreDep,
-    celery: CeleryDep,
-    registry: RegistryDep,
-    keys: IdempotencyDep,
+    intake: IntakeDep,
     idempotency_key: IdempotencyKeyHeader = None,
     cache: bool = Query(
         True,
@@ -100,23 +84,9 @@ async def tune(
     """
 
     def prepare(upload: Upload, live: set[str] | None) -> Planner:
-        runs = tune_worker_engines(workers, request.app.state.worker_max_age)
+        runs = tune_worker_engines(intake.workers, request.app.state.worker_max_age)
         return prepare_tune(
-            upload.fields, live_engines=live, tune_engines=runs, step_time_limit=settings.step_soft_time_limit
+            upload.fields, live_engines=live, tune_engines=runs, step_time_limit=intake.settings.step_soft_time_limit
         )
 
-    return await accept_upload(
-        request,
-        principal,
-        settings,
-        jobs,
-        workers,
-        store,
-        celery,
-        registry,
-        keys,
-        idempotency_key,
-        cache,
-        route="tune",
-        prepare=prepare,
-    )
+    return await accept_upload(request, intake, idempotency_key, cache, route="tune", prepare=prepare)

@@ -14,12 +14,11 @@ from api.auth import Principal
 from api.routes.jobs import job_log_lines
 from api.schemas import JobPublic
 from api.ui.charts import benchmark_chart
-from api.ui.session import error_page, render, render_page, viewer
+from api.ui.session import render, render_page, viewer, writer
 from api.ui.tune_view import tune_events, tune_panel
 from api.ui.views import divergent_node, job_grid, output_headroom, step_columns, waiting_reason
 from api.views import job_public
 from services.descriptors import registry
-from services.errors import NotFound
 from services.graph.engines import ENGINES
 from services.jobs.store import JobFilter
 from services.spec import CompileSpec, Precision, TargetName
@@ -245,11 +244,9 @@ def source_formats() -> dict[str, Any]:
 
 @router.get("/submit")
 async def submit_page(request: Request) -> Response:
-    who = await viewer(request, "write")
+    who = await writer(request, "submitting")
     if isinstance(who, Response):
         return who
-    if not who.allows("write"):
-        return error_page(request, who, NotFound("submitting needs a token with the write scope"))
     return render(request, "submit.html", who, nav="submit", schema=_spec_fields(), **source_formats())
 
 

@@ -20,9 +20,9 @@ from api.auth import ANONYMOUS, Principal, authenticate, authenticate_session
 from api.sessions import CSRF_FIELD, request_session, require_csrf
 from api.ui import charts
 from api.ui.views import STATUS_ICONS, STEP_COLUMNS
-from services.errors import HTTP_STATUS, KilnError, Unauthorized
+from services.errors import HTTP_STATUS, KilnError, NotFound, Unauthorized
 
-__all__ = ["base_context", "check_csrf", "dashboard_form", "error_page", "render", "templates", "viewer"]
+__all__ = ["base_context", "check_csrf", "dashboard_form", "error_page", "render", "templates", "viewer", "writer"]
 
 #: The dashboard's forms (sign in, cancel, resubmit) have a few small fields: a form with
 #: more, larger ones, or any file is refused (400) before it fills memory. The resubmit
@@ -55,6 +55,16 @@ async def viewer(request: Request, scope: str = "read") -> Principal | Response:
     except Unauthorized:
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         return RedirectResponse(f"/ui/login?next={quote(target, safe='')}", status_code=303)
+
+
+async def writer(request: Request, doing: str) -> Principal | Response:
+    """Return who is looking when they may write; else the login redirect, or a page saying ``doing`` needs it."""
+    who = await viewer(request, "write")
+    if isinstance(who, Response):
+        return who
+    if not who.allows("write"):
+        return error_page(request, who, NotFound(f"{doing} needs a token with the write scope"))
+    return who
 
 
 async def dashboard_form(request: Request) -> dict[str, Any]:

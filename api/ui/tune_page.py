@@ -8,9 +8,8 @@ from fastapi.responses import Response
 
 from api.tune_submission import BUDGET_SHARE, tune_worker_engines
 from api.ui.pages import source_formats
-from api.ui.session import error_page, render, viewer
+from api.ui.session import render, writer
 from services.descriptors import registry
-from services.errors import NotFound
 from services.tune.space import THREADED_TARGETS, TUNABLE_TARGETS
 
 __all__ = ["router"]
@@ -36,11 +35,9 @@ def _targets(runs: set[str]) -> list[dict[str, object]]:
 
 @router.get("/tune")
 async def tune_page(request: Request) -> Response:
-    who = await viewer(request, "write")
+    who = await writer(request, "tuning")
     if isinstance(who, Response):
         return who
-    if not who.allows("write"):
-        return error_page(request, who, NotFound("tuning needs a token with the write scope"))
     state = request.app.state
     runs = await run_in_threadpool(tune_worker_engines, state.workers, state.worker_max_age)
     settings = request.app.state.settings

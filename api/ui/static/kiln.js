@@ -17,6 +17,39 @@
   });
 })();
 
+// An error card (code, message, hint) in `box`, the same for every form.
+function kilnShowError(box, body) {
+  box.replaceChildren();
+  const card = document.createElement("div");
+  card.className = "card error-card";
+  card.dataset.testid = "form-error";
+  const line = document.createElement("p");
+  line.textContent = (body.code ? body.code + ": " : "") + (body.message || "failed");
+  card.append(line);
+  if (body.hint) { const hint = document.createElement("p"); hint.className = "hint"; hint.textContent = body.hint; card.append(hint); }
+  box.append(card);
+}
+
+// POSTs `data` (multipart) to `url` with upload progress; on 202 (or 200: an idempotent repeat)
+// goes to the job's page, else shows the API's error in `errorBox`. XMLHttpRequest, not fetch:
+// only it reports upload progress.
+function kilnUpload(url, data, csrf, progress, button, errorBox) {
+  const xhr = new XMLHttpRequest();
+  xhr.open("POST", url);
+  xhr.setRequestHeader("X-CSRF-Token", csrf);
+  progress.hidden = false; progress.value = 0; button.disabled = true;
+  xhr.upload.onprogress = (e) => { if (e.lengthComputable) progress.value = Math.round(100 * e.loaded / e.total); };
+  xhr.onload = () => {
+    let body = {};
+    try { body = JSON.parse(xhr.responseText); } catch (e) { /* not JSON: shown as status below */ }
+    if (xhr.status === 202 || xhr.status === 200) { progress.value = 100; window.location.assign("/ui/jobs/" + body.id); return; }
+    button.disabled = false;
+    kilnShowError(errorBox, body.code ? body : { code: "HTTP " + xhr.status, message: xhr.statusText });
+  };
+  xhr.onerror = () => { button.disabled = false; kilnShowError(errorBox, { code: "NETWORK", message: "the upload did not reach the server" }); };
+  xhr.send(data);
+}
+
 (function submitForm() {
   const form = document.getElementById("submit-form");
   if (!form) return;
@@ -76,14 +109,7 @@
     const hit = EXT.find(([ext]) => name.endsWith(ext));
     return hit ? hit[1] : null;
   }
-  function showError(box, body) {
-    box.replaceChildren();
-    const card = el("div", null, "card error-card");
-    card.dataset.testid = "form-error";
-    card.append(el("p", (body.code ? body.code + ": " : "") + (body.message || "failed")));
-    if (body.hint) card.append(el("p", body.hint, "hint"));
-    box.append(card);
-  }
+  const showError = kilnShowError;
 
   let timer = null, seq = 0;
   async function refreshPlan() {
@@ -124,21 +150,7 @@
     data.append("spec", JSON.stringify(spec));
     const calibration = document.getElementById("calibration");
     if (calibration && calibration.files.length) data.append("calibration", calibration.files[0]);
-    // XMLHttpRequest, not fetch: only it reports upload progress.
-    const xhr = new XMLHttpRequest();
-    xhr.open("POST", "/compile");
-    xhr.setRequestHeader("X-CSRF-Token", csrf);
-    progress.hidden = false; progress.value = 0; button.disabled = true;
-    xhr.upload.onprogress = (e) => { if (e.lengthComputable) progress.value = Math.round(100 * e.loaded / e.total); };
-    xhr.onload = () => {
-      let body = {};
-      try { body = JSON.parse(xhr.responseText); } catch (e) { /* not JSON: shown as status below */ }
-      if (xhr.status === 202) { progress.value = 100; window.location.assign("/ui/jobs/" + body.id); return; }
-      button.disabled = false;
-      showError(errorBox, body.code ? body : { code: "HTTP " + xhr.status, message: xhr.statusText });
-    };
-    xhr.onerror = () => { button.disabled = false; showError(errorBox, { code: "NETWORK", message: "the upload did not reach the server" }); };
-    xhr.send(data);
+    kilnUpload("/compile", data, csrf, progress, button, errorBox);
   });
 })();
 
@@ -153,17 +165,7 @@
   const value = (id) => document.getElementById(id).value.trim();
   const checked = (name) => Array.from(form.querySelectorAll("input[name=" + name + "]:checked")).map((i) => i.value);
 
-  function showError(body) {
-    errorBox.replaceChildren();
-    const card = document.createElement("div");
-    card.className = "card error-card";
-    card.dataset.testid = "form-error";
-    const p = document.createElement("p");
-    p.textContent = (body.code ? body.code + ": " : "") + (body.message || "failed");
-    card.append(p);
-    if (body.hint) { const h = document.createElement("p"); h.className = "hint"; h.textContent = body.hint; card.append(h); }
-    errorBox.append(card);
-  }
+  const showError = (body) => kilnShowError(errorBox, body);
   // Returns the `tune` part; throws with a message the user can act on.
   function buildTune() {
     const tune = { objective: value("objective"), targets: checked("target"), precisions: checked("precision") };
@@ -197,19 +199,6 @@
     data.append("spec", JSON.stringify(spec));
     const calibration = document.getElementById("calibration");
     if (calibration.files.length) data.append("calibration", calibration.files[0]);
-    const xhr = new XMLHttpRequest();
-    xhr.open("POST", "/tune");
-    xhr.setRequestHeader("X-CSRF-Token", csrf);
-    progress.hidden = false; progress.value = 0; button.disabled = true;
-    xhr.upload.onprogress = (e) => { if (e.lengthComputable) progress.value = Math.round(100 * e.loaded / e.total); };
-    xhr.onload = () => {
-      let body = {};
-      try { body = JSON.parse(xhr.responseText); } catch (e) { /* not JSON: shown as status below */ }
-      if (xhr.status === 202 || xhr.status === 200) { progress.value = 100; window.location.assign("/ui/jobs/" + body.id); return; }
-      button.disabled = false;
-      showError(body.code ? body : { code: "HTTP " + xhr.status, message: xhr.statusText });
-    };
-    xhr.onerror = () => { button.disabled = false; showError({ code: "NETWORK", message: "the upload did not reach the server" }); };
-    xhr.send(data);
+    kilnUpload("/tune", data, csrf, progress, button, errorBox);
   });
 })();
