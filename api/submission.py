@@ -37,6 +37,7 @@ from services.jobs.worker_registry import WorkerRegistry
 from services.pipeline.local import default_model_name
 from services.spec import CompileSpec, load_spec
 from services.storage.base import ArtifactStore
+from services.tune.plan import replan_tune
 from services.webhooks import WebhookPolicy, new_webhook, stored_spec
 from workers.queues import enqueue_steps
 
@@ -311,7 +312,11 @@ def resubmit(
             webhooks = WebhookPolicy.from_settings(get_settings())
         previous = WebhookStore(jobs.db).secret_for(job_id, new_spec.notify.url)
         webhook = new_webhook(new_spec, webhooks, previous)
-    plan = plan_routes(Format(old.source_format), new_spec, registry, default_name=name)
+    old_plan = Plan.from_dict(old.plan)
+    if old_plan.kind == "tune":  # the same search again (over the spec's targets, which may be edited)
+        plan = replan_tune(old_plan, [t.value for t in new_spec.targets], name)
+    else:
+        plan = plan_routes(Format(old.source_format), new_spec, registry, default_name=name)
     new = NewJob(
         name=name,
         spec=stored_spec(new_spec),

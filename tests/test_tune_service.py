@@ -201,3 +201,17 @@ def test_the_same_idempotency_key_with_other_tune_options_is_refused(service: Se
     other = _tune(service, {"targets": ["onnxruntime"], "precisions": ["fp16"], **FAST}, {"name": "idem"}, headers=key)
     assert other.status_code == 409 and other.json()["code"] == "IDEMPOTENCY_KEY_REUSED"
     wait_job(service.base, first.json()["id"], timeout=300)
+
+
+def test_a_resubmitted_tune_is_a_tune_answered_from_the_cache(service: Service) -> None:
+    goals = {"targets": ["onnxruntime"], "precisions": ["fp32"], **FAST}
+    first = wait_job(service.base, _tune(service, goals, {"name": "again"}).json()["id"], timeout=300)
+    assert first["status"] == "succeeded"
+    r = httpx.post(f"{service.base}/jobs/{first['id']}/resubmit", json={}, timeout=60)
+    assert r.status_code == 202, r.text
+    again = wait_job(service.base, r.json()["id"], timeout=300)
+    assert again["status"] == "succeeded" and again["kind"] == "tune"
+    assert again["plan"]["steps"][0]["options"] == first["plan"]["steps"][0]["options"]
+    search = next(s for s in again["steps"] if s["id"] == "tune")
+    assert search["cached"], "an identical tune is answered from the step cache"
+    assert again["tune"]["recommendation"]["id"] == first["tune"]["recommendation"]["id"]

@@ -19,7 +19,7 @@ from services.formats import Format
 from services.graph.planner import Plan, PlanStep, RouteOption
 from services.tune.options import TuneOptions
 
-__all__ = ["TUNE_ENGINE", "TUNE_TARGET", "plan_tune"]
+__all__ = ["TUNE_ENGINE", "TUNE_TARGET", "plan_tune", "replan_tune"]
 
 #: The queue engine of tune steps: ``kiln.tune``, taken by workers that serve several tunable engines.
 TUNE_ENGINE = "tune"
@@ -60,3 +60,10 @@ def plan_tune(source_format: Format, options: TuneOptions, targets: list[str], n
         options={TUNE_TARGET: [RouteOption(_ROUTE, 0.0, export=tune.id, publish=publish.id)]},
         kind="tune",
     )
+
+
+def replan_tune(plan: Plan, targets: list[str], name: str) -> Plan:
+    """Return a tune job's plan again (a resubmission): its search's options over ``targets``, published as ``name``."""
+    search = next(s for s in plan.steps if s.kind == "tune")
+    options = TuneOptions.model_validate({k: v for k, v in search.options["tune"].items() if k != "targets"})
+    return plan_tune(plan.source_format, options, targets, name)
