@@ -44,7 +44,6 @@ from api.app import create_app
 from api.events import EVENT_MODELS
 from services.errors import Cancelled, EngineUnavailable
 from services.formats import Format
-from services.graph.engines import ENGINES
 from services.graph.planner import plan_routes
 from services.jobs.db import database_url
 from services.jobs.migrate import upgrade
@@ -54,6 +53,7 @@ from services.jobs.webhooks import NewWebhook
 from services.settings import Settings
 from services.spec import load_spec
 from workers.app import create_celery_app
+from workers.queues import queue_engines
 
 MAX_EXAMPLES = 50
 
@@ -97,7 +97,7 @@ def test_the_api_answers_only_what_its_openapi_document_declares(case: schemathe
     # A submission for an engine with no live worker is refused (503 ENGINE_UNAVAILABLE): a
     # worker's heartbeat, refreshed for every case, lets valid jobs through to the rest of the API.
     APP.state.workers.worker_heartbeat(  # type: ignore[attr-defined]
-        "schemathesis", engines=list(ENGINES), versions={}, pid=os.getpid(), concurrency=1
+        "schemathesis", engines=queue_engines(), versions={}, pid=os.getpid(), concurrency=1
     )
     case.call_and_validate(checks=CHECKS)
 
