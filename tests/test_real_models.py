@@ -92,6 +92,23 @@ def test_a_streaming_model_with_a_state_and_a_scalar_input_compiles_from_whole_f
         assert all(o["values"] > 0 and o["pearson"] > 0.99 for o in t.parity["outputs"]), t.parity
 
 
+def test_an_export_its_own_runtime_cannot_load_is_blamed_on_the_exporter(tmp_path: Path, store, repository) -> None:
+    """MNNConvert turns Silero VAD (If nodes) into a model.mnn that MNN's own runtime refuses. That is
+    the export step's tool's doing, not the optimize step's whose ONNX MNNConvert read (which the
+    message said before, sending the user after Kiln's own passes)."""
+    model, path = _fetch("silero-vad")
+    samples = real_models.split_samples(model, real_models.realistic_inputs(model, path, n=4, seed=5))
+    np.savez(tmp_path / "feeds.npz", **{f"{i}/{k}": np.asarray(v) for i, f in enumerate(samples) for k, v in f.items()})
+    spec = load_spec(
+        {"targets": ["mnn"], "name": "vad", "benchmark": False, "calibration": str(tmp_path / "feeds.npz")}
+    )
+    target = compile_model(path, spec, store=store, repository=repository).targets["mnn"]
+    assert target.status == "failed" and target.error["code"] == "CONVERSION_FAILED", target.error
+    details = target.error["details"]
+    assert details["step"] == "export:mnn" and details.get("tool") != "kiln passes", target.error
+    assert "runtime cannot load" in target.error["message"] and "kiln passes" not in target.error["message"]
+
+
 def test_a_paddle2onnx_failure_on_a_real_detector_says_why_and_json_stays_json(tmp_path: Path) -> None:
     """paddle2onnx 2.0.1 cannot parse PP-OCRv4's detector program and exits with -1 while handling
     its C++ error; the user gets that error, not ``SystemExit: -1``, and the openvino route (which

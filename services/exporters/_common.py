@@ -10,7 +10,7 @@ import numpy as np
 
 from services.artifacts import Artifact
 from services.benchmark import benchmark_runner, compare_with_fp32
-from services.errors import ParityFailed, SlowerThanFp32
+from services.errors import ConversionFailed, ParityFailed, SlowerThanFp32, SourceUnreadable
 from services.formats import Format
 from services.runners import ModelRunner, open_runner
 from services.spec import Precision, Tolerances
@@ -187,7 +187,20 @@ def finish_export(
     requires it not to be slower.
     """
     ref = load_reference(ctx.reference)
-    runner = open_runner(fmt, ctx.out_dir / entry, **(runner_options or {}))
+    try:
+        runner = open_runner(fmt, ctx.out_dir / entry, **(runner_options or {}))
+    except SourceUnreadable as exc:
+        # The artifact this step just wrote: its tool made something its own runtime cannot load.
+        # (Left as SOURCE_UNREADABLE, the executor would blame the step that wrote this step's input.)
+        raise ConversionFailed(
+            f"{ctx.step.tool or ctx.step.id} wrote a {fmt.value} artifact that {fmt.value}'s runtime cannot load: "
+            f"{exc.message}",
+            hint="The converter accepted the model but produced something its runtime refuses; another route "
+            "or target may avoid it.",
+            step=ctx.step.id,
+            tool=ctx.step.tool,
+            output_tail=exc.message[-2000:],
+        ) from exc
     try:
         ctx.progress(f"checking parity on {ref.samples} samples")
         checked, fixed = shapes_to_check(ref, runner)
