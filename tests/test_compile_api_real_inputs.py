@@ -210,10 +210,10 @@ def test_post_compile_takes_whole_feeds_for_a_state_and_a_scalar(service: Servic
         assert parity["shapes"][0] == {"x": [1, 8], "state": [2, 1, 16], "sr": []}, (target, parity["shapes"])
         assert all(o["values"] > 0 and o["pearson"] > 0.999 for o in parity["outputs"]), (target, parity)
         manifest = _manifest(service.base, job, target)
-        assert manifest["parity"]["input_provenance"] == {"x": whole, "state": whole, "sr": whole}, (
-            target,
-            manifest["parity"],
-        )
+        provenance = dict(manifest["parity"]["input_provenance"])
+        # Few rows held out: the page and the manifest say the verdict rests on them.
+        assert f"parity rests on {N_FEEDS // 4} samples" in provenance.pop("held out"), provenance
+        assert provenance == {"x": whole, "state": whole, "sr": whole}, (target, manifest["parity"])
         assert manifest["static_arguments"] == {}
     # The published onnxruntime graph still takes the state on axis 1 and sr as a scalar, and
     # carries a stream forward as the source does.
