@@ -559,6 +559,11 @@ def test_the_tune_page_starts_a_tune_whose_candidates_arrive_live(service: Servi
     widths = [float(bars.nth(i).get_attribute("width")) for i in range(bars.count())]
     assert widths == sorted(widths, reverse=True) and widths[0] > widths[-1]
     assert bars.first.get_attribute("data-op") == max(ops, key=lambda o: o["ms_per_run"])["op_type"]
+    # Both engines' profiles are on the page (the other ones folded): OpenVINO's with the precision it ran in.
+    page.evaluate("document.querySelectorAll('[data-testid=tune] details').forEach((d) => { d.open = true; })")
+    captions = page.locator("[data-testid=tune] figure.profile figcaption")
+    expect(captions.filter(has_text="onnxruntime/")).not_to_have_count(0)
+    expect(captions.filter(has_text="openvino/").first).to_contain_text("executed in")
     screenshot(page, "tune-job")
 
 

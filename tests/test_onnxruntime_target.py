@@ -129,3 +129,37 @@ def test_fp32_artifact_is_the_optimised_model_copied_with_its_external_data(cnn_
     # A source under its own name (optimize off) is loaded and saved under the artifact's.
     _write_fp32(cnn_onnx, tmp_path / "fresh" / "model.onnx")
     assert onnx.load(str(tmp_path / "fresh" / "model.onnx")).graph.node
+
+
+def test_fp16_keeps_the_float_only_quantisation_ops_of_a_quantised_model_in_float(tmp_path: Path) -> None:
+    # A model quantised before it reached Kiln (DynamicQuantizeLinear takes float32 only): its fp16
+    # copy used to cast that input to float16, a graph onnxruntime refuses to load (INVALID_GRAPH).
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from services.exporters.onnxruntime import to_fp16
+
+    bias = helper.make_tensor("bias", TensorProto.FLOAT, [4], [0.5, -1.0, 2.0, 0.0])
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"]),
+        helper.make_node("DynamicQuantizeLinear", ["r"], ["q", "scale", "zero"]),
+        helper.make_node("DequantizeLinear", ["q", "scale", "zero"], ["dq"]),
+        helper.make_node("Add", ["dq", "bias"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "quantised",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+        [bias],
+    )
+    src, dst = tmp_path / "q.onnx", tmp_path / "q16.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), src)
+    to_fp16(src, dst)
+    x = np.array([[0.1, 0.5, -1.0, 2.0], [3.0, 0.0, 1.5, -0.2]], np.float32)
+    want = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, atol=2e-2)
+    kinds = {n.op_type for n in onnx.load(dst).graph.node}
+    assert "DynamicQuantizeLinear" in kinds and "Cast" in kinds  # the rest of the graph did go to fp16

@@ -31,19 +31,35 @@ MODEL_FILE = "model.onnx"
 SERVING = {"triton": {"platform": "onnxruntime_onnx"}, "ovms": OVMS_F32}
 
 
+#: The quantisation ops of an already quantised model, whose float inputs the ONNX spec (before opset
+#: 19) or onnxruntime's kernels take in float32 only: a real OCR model's DynamicQuantizeLSTM front made
+#: onnxruntime refuse the fp16 graph ("Type 'tensor(float16)' of input parameter ... of operator
+#: (DynamicQuantizeLinear) is invalid"). They stay float32, with casts around them.
+_FLOAT_ONLY_OPS = [
+    "DynamicQuantizeLinear",
+    "QuantizeLinear",
+    "DequantizeLinear",
+    "DynamicQuantizeLSTM",
+    "DynamicQuantizeMatMul",
+    "MatMulIntegerToFloat",
+]
+
+
 def to_fp16(src: Path, dst: Path, *, drop_shapes: bool = False) -> None:
     """Write an fp16 copy of ``src`` whose inputs and outputs stay fp32.
 
     ``drop_shapes``: leave out the intermediate shapes the converter infers, as the fusion pass
     did for the fp32 model (they would let onnxruntime fuse SkipLayerNormalization at load).
     """
-    from onnxruntime.transformers.float16 import convert_float_to_float16
+    from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
 
     from services.passes.ort_fusions import drop_value_info
 
     model = load_onnx(src)
     # keep_io_types adds Cast nodes at the boundaries so the public signature is unchanged.
-    fp16 = convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=False)
+    fp16 = convert_float_to_float16(
+        model, keep_io_types=True, disable_shape_infer=False, op_block_list=[*DEFAULT_OP_BLOCK_LIST, *_FLOAT_ONLY_OPS]
+    )
     if drop_shapes:
         drop_value_info(fp16)
     save_onnx(fp16, dst)
