@@ -252,6 +252,28 @@ def wait_workers(base: str, engines: set[str], timeout: float = 90.0, procs: lis
     raise AssertionError(f"workers for {engines} not live: {json.dumps(body)[:500]}")
 
 
+@contextlib.contextmanager
+def kiln_serve(root: Path, engines: set[str] | None = None, **kiln: Any) -> Iterator[tuple[str, Proc]]:
+    """Run `kiln serve` (repository under ``root``, the given KILN_* settings) on a free port.
+
+    Yields (base URL, process) once it answers and, with ``engines``, once each has a live worker.
+    """
+    port = free_port()
+    proc = Proc(
+        ["serve", "--port", str(port), "--repo", str(root / "repo")],
+        service_env(cache_dir=root / "cache", **kiln),
+        root / "serve.log",
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{base}/healthz", timeout=120, proc=proc)
+        if engines:
+            wait_workers(base, engines, timeout=240, procs=[proc])
+        yield base, proc
+    finally:
+        proc.stop()
+
+
 def submit(
     base: str,
     model: Path,

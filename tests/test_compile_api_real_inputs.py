@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from jobs_support import Proc, free_port, service_env, wait_http, wait_workers
+from jobs_support import Proc, kiln_serve
 
 from kiln_testing.models import (
     rate_dependent_torchscript,
@@ -52,20 +52,8 @@ class Service:
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    root = tmp_path_factory.mktemp("real-inputs")
-    port = free_port()
-    proc = Proc(
-        ["serve", "--port", str(port), "--repo", str(root / "repo")],
-        service_env(cache_dir=root / "cache"),
-        root / "serve.log",
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(f"{base}/healthz", timeout=120, proc=proc)
-        wait_workers(base, set(TARGETS), timeout=240, procs=[proc])
+    with kiln_serve(tmp_path_factory.mktemp("real-inputs"), set(TARGETS)) as (base, proc):
         yield Service(base, proc)
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from jobs_support import Proc, free_port, read_sse, service_env, wait_http, wait_job, wait_workers
+from jobs_support import kiln_serve, read_sse, wait_job
 
 from kiln_testing.models import tiny_cnn_onnx
 
@@ -35,16 +35,8 @@ class Service:
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     root = tmp_path_factory.mktemp("tune-service")
-    port = free_port()
-    env = service_env(cache_dir=root / "cache")
-    proc = Proc(["serve", "--port", str(port), "--repo", str(root / "repo")], env, root / "serve.log")
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(f"{base}/healthz", timeout=120, proc=proc)
-        wait_workers(base, {"onnxruntime", "openvino", "tune"}, timeout=240, procs=[proc])
+    with kiln_serve(root, {"onnxruntime", "openvino", "tune"}) as (base, _):
         yield Service(base, root / "repo", tiny_cnn_onnx(root / "cnn.onnx"))
-    finally:
-        proc.stop()
 
 
 def _tune(service: Service, tune: dict[str, Any], spec: dict[str, Any] | None = None, **kw: Any) -> httpx.Response:
