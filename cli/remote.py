@@ -21,7 +21,7 @@ from cli.common import EXIT_FAILED, console, handle_errors, out
 from cli.summary import compile_json, event_printer, print_failures, print_summary
 from services.errors import InvalidSettings, InvalidSpec
 
-__all__ = ["compile_remote", "jobs_group", "load_client", "local_target"]
+__all__ = ["compile_remote", "jobs_group", "load_client", "local_target", "tune_remote"]
 
 #: The keys of a target in `kiln compile --json`, as a local run writes them (TargetResult).
 LOCAL_TARGET_KEYS = (
@@ -135,6 +135,40 @@ def compile_remote(
         console.print(f"[dim]steps and tool output: kiln jobs logs {job.id} --server {server}[/]", soft_wrap=True)
     if not job.ok:
         _fail(job, list(targets.values()))
+
+
+def tune_remote(
+    server: str,
+    token: str | None,
+    model: Path,
+    tune: dict[str, Any],
+    spec: dict[str, Any],
+    *,
+    repo: str | None,
+    cache_dir: Path | None,
+    use_cache: bool,
+) -> Any:
+    """Run `kiln tune` on ``server`` (POST /tune): upload, print the search's lines as they come; return the ended job.
+
+    The server publishes the recommendation into its own repository (under ``spec["name"]``),
+    so ``--repo`` and ``--cache-dir`` are refused as for compile.
+    """
+    _local_only(repo, cache_dir)
+    calibration = _calibration(spec)
+    with _connect(server, token) as client:
+        job = client.tune(model, tune, spec, calibration, wait=False, cache=use_cache)
+        try:
+            for event in job.follow():
+                if event.type == "progress" and event.data.get("message"):
+                    console.print(f"  [dim]{event.data['message']}[/]", soft_wrap=True)
+            job.wait()
+        except KeyboardInterrupt:
+            console.print(
+                f"[yellow]stopped following job {job.id}; it goes on on the server[/] "
+                f"(kiln jobs show {job.id}, kiln jobs cancel {job.id})"
+            )
+            sys.exit(130)
+    return job
 
 
 def _fail(job: Any, targets: list[dict[str, Any]]) -> None:

@@ -195,6 +195,14 @@ def _print_serving(serving: dict[str, Any] | None) -> None:
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), help="Artifact cache (default ~/.cache/kiln).")  # fmt: skip
 @click.option("--no-cache", is_flag=True, help="Run every step even when its output is cached.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+@click.option(
+    "--server",
+    envvar="KILN_SERVER",
+    metavar="URL",
+    help="Tune on this Kiln service (POST /tune) instead of here (default: KILN_SERVER); it publishes the "
+    "recommendation into its own repository.",
+)
+@click.option("--token", envvar="KILN_TOKEN", help="API token for --server (default: KILN_TOKEN).")
 @handle_errors
 def tune_cmd(
     model: Path,
@@ -216,6 +224,8 @@ def tune_cmd(
     cache_dir: Path | None,
     no_cache: bool,
     as_json: bool,
+    server: str | None,
+    token: str | None,
 ) -> None:
     """Find the target, precision and engine settings that best meet the goals for MODEL, measured side by side."""
     from services.errors import InvalidSpec
@@ -254,6 +264,10 @@ def tune_cmd(
         name=name,
         use_cache=not no_cache,
     )
+    if server:
+        body = _tune_on(server, token, req, spec_data, repo=repo, cache_dir=cache_dir)
+        _report(body, as_json, show_profile)
+        return
     settings = get_settings()
     store = LocalArtifactStore((cache_dir or settings.cache_dir) / "store")
     repository = None
@@ -261,15 +275,62 @@ def tune_cmd(
         repository = repository_from_url(repo, settings)
         repository.model_names()  # reach it now: a wrong location fails before the search
     report = tune_model(req, store=store, repository=repository, on_event=_progress)
-    body = report.to_dict()
+    _report(report.to_dict(), as_json, show_profile)
+
+
+def _report(body: dict[str, Any], as_json: bool, show_profile: bool) -> None:
+    """Print the tune's report (a local one or a server's) and exit 1 when nothing qualified."""
     if as_json:
         out.print_json(json.dumps(body, default=str))
     else:
         _print_report(body, show_profile)
-    if report.recommendation is None:
-        console.print(f"[bold red]error NO_CANDIDATE[/]: {'; '.join(report.notes) or 'nothing qualified'}")
+    if body["recommendation"] is None:
+        console.print(f"[bold red]error NO_CANDIDATE[/]: {'; '.join(body['notes']) or 'nothing qualified'}")
         console.print("[yellow]hint[/]: loosen --max-p99-ms, add targets or precisions, or give a larger --budget.")
         raise SystemExit(EXIT_FAILED)
+
+
+def _tune_on(
+    server: str, token: str | None, req: Any, spec_data: dict[str, Any], *, repo: str | None, cache_dir: Path | None
+) -> dict[str, Any]:
+    """Run the search ``req`` describes on ``server``; return its report, with where it published."""
+    from cli.remote import tune_remote
+    from services.errors import KilnError
+
+    goals = {
+        "objective": req.objective,
+        "batch": req.batches,
+        "max_p99_ms": req.max_p99_ms,
+        "targets": req.targets,
+        "precisions": req.precisions,
+        "budget_s": req.budget_s,
+        "rounds": req.rounds,
+        "warmup": req.warmup,
+        "concurrency": req.concurrency,
+    }
+    spec = {**spec_data, **({"name": req.name} if req.name else {})}
+    job = tune_remote(
+        server,
+        token,
+        req.model,
+        {k: v for k, v in goals.items() if v is not None},
+        spec,
+        repo=repo,
+        cache_dir=cache_dir,
+        use_cache=req.use_cache,
+    )
+    if job.tune is None:  # refused or failed before its search reported (the source, the sandbox...)
+        error = job.error or next((t.error for t in job.targets.values() if t.error), None)
+        raise KilnError(
+            f"the tune job {job.id} ended {job.status} without a report"
+            + (f": {error.code}: {error.message}" if error else ""),
+            hint=f"kiln jobs logs {job.id} --server {server}",
+        )
+    body: dict[str, Any] = dict(job.tune)
+    target = job.targets.get("tune")
+    body["published"] = target.published if target is not None else None
+    body["job_id"] = job.id
+    return body
 
 
 COMMANDS = (tune_cmd,)

@@ -137,3 +137,22 @@ def test_no_cli_module_imports_cli_main() -> None:
             if any(n == "cli.main" for n in names):
                 offenders.append(path.name)
     assert offenders == []
+
+
+def test_a_remote_tune_prints_the_search_and_publishes_on_the_server(server: str, cnn_onnx: Path) -> None:
+    flags = ["--targets", "onnxruntime,openvino", "--precisions", "fp32", "--rounds", "5", "--warmup", "1"]
+    done = run("tune", str(cnn_onnx), *flags, "--name", "remote-tuned", "--json", "--server", server)
+    assert done.returncode == 0, done.stderr[-3000:]
+    body = json.loads(done.stdout)  # the report `kiln tune --json` prints locally, from the server's job
+    assert {"candidates", "recommendation", "profiles", "cache", "wall_s"} <= set(body)
+    timed = [c for c in body["candidates"] if c["status"] == "timed"]
+    assert {c["target"] for c in timed} == {"onnxruntime", "openvino"}
+    assert body["recommendation"]["id"] in {c["id"] for c in timed}
+    assert body["published"]["name"] == "remote-tuned" and body["job_id"]
+    assert "building fp32" in done.stderr  # the search's lines, as they came
+    # Nothing can meet the constraint: exit 1 with the code, as a local run.
+    none = run("tune", str(cnn_onnx), "--targets", "onnxruntime", "--precisions", "fp32", "--rounds", "3",
+               "--max-p99-ms", "0.000001", "--server", server)  # fmt: skip
+    assert none.returncode == 1 and "NO_CANDIDATE" in none.stderr, none.stderr[-2000:]
+    refused = run("tune", str(cnn_onnx), "--repo", "/tmp/x", "--server", server)
+    assert refused.returncode == 2 and "--repo" in refused.stderr
