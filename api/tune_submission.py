@@ -39,7 +39,9 @@ def tune_worker_engines(workers: WorkerRegistry, max_age: float | None) -> set[s
     }
 
 
-def _targets(options: TuneOptions, live_engines: Collection[str] | None, runs: set[str]) -> list[str]:
+def _targets(
+    options: TuneOptions, live_engines: Collection[str] | None, runs: set[str], wait: bool = False
+) -> list[str]:
     """Return the targets to search: the options', else the default ones the live tune workers run.
 
     ``runs``: the engines of live tune workers (empty while `kiln serve`'s own worker is still
@@ -50,7 +52,7 @@ def _targets(options: TuneOptions, live_engines: Collection[str] | None, runs: s
     known = registry().targets
     if runs:
         return [t for t in TUNABLE_TARGETS if t in known and known[t].engine in runs]
-    if live_engines is None or TUNE_ENGINE in live_engines:
+    if live_engines is None or TUNE_ENGINE in live_engines or wait:  # wait: the job queues for a tune worker
         return default_targets()
     raise EngineUnavailable(
         "no live worker takes tune jobs (one that runs two or more of onnxruntime, openvino, tensorflow)",
@@ -73,17 +75,17 @@ def prepare_tune(
     ``BUDGET_SHARE`` of ``step_time_limit``, so the search stops on its own before the step is stopped.
     """
     options = load_tune_options(fields.get("tune"))
-    targets = _targets(options, live_engines, tune_engines)
-    if not targets:
-        raise InvalidSpec("the tune has no target to search", hint='Name them: {"targets": ["onnxruntime", ...]}.')
-    cap = step_time_limit * BUDGET_SHARE
-    options = options.model_copy(update={"targets": targets, "budget_s": min(options.budget_s or cap, cap)})
     try:
         spec_data = json.loads(fields.get("spec") or "{}")
     except (json.JSONDecodeError, RecursionError) as exc:
         raise InvalidSpec(f"spec is not readable JSON: {exc}") from exc
     if not isinstance(spec_data, dict):
         raise InvalidSpec("spec must be a JSON object")
+    targets = _targets(options, live_engines, tune_engines, wait=spec_data.get("wait_for_workers") is True)
+    if not targets:
+        raise InvalidSpec("the tune has no target to search", hint='Name them: {"targets": ["onnxruntime", ...]}.')
+    cap = step_time_limit * BUDGET_SHARE
+    options = options.model_copy(update={"targets": targets, "budget_s": min(options.budget_s or cap, cap)})
     fields["spec"] = json.dumps({**spec_data, "targets": targets})
 
     def planner(source: DetectedSource, spec: CompileSpec, default_name: str) -> Plan:

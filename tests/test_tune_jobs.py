@@ -141,3 +141,17 @@ def test_mnn_and_ncnn_are_searched_over_their_thread_counts_when_asked_for() -> 
         assert runner_options(target, {"threads": 4}) == {"threads": 4}
         assert target not in default_targets()  # only when --targets names them
     assert settings_grid("tvm", "latency", cpus=4) == [{}]
+
+
+def test_a_tunes_cache_key_names_the_host_it_measured_on_and_nonfinite_snr_does_not_break_it() -> None:
+    import os
+
+    from services.pipeline.executor import _step_tools
+    from services.tune.build import parity_summary
+
+    plan = plan_tune(Format.ONNX, TuneOptions(), ["onnxruntime", "openvino"], "m")
+    tools = _step_tools(plan.steps[0])
+    assert tools["host"]["cpus"] == os.cpu_count() and tools["host"]["cpu"]
+    assert "host" not in _step_tools(plan.steps[1])  # the publish measures nothing
+    summary = parity_summary({"passed": False, "outputs": [{"snr_db": "-inf"}, {"snr_db": 30.0}]})
+    assert summary is not None and summary["min_snr_db"] is None and summary["passed"] is False

@@ -153,6 +153,9 @@ def test_a_tune_nothing_qualifies_for_fails_with_no_candidate_and_keeps_its_repo
     timed = [c for c in report["candidates"] if c["status"] == "timed"]
     assert timed and all(any("p99" in v for v in c["violations"]) for c in timed)
     assert not list(service.repo.glob("*/none/*")), "nothing is published when nothing qualifies"
+    missing = httpx.get(f"{service.base}/jobs/{job['id']}/artifacts/tune", timeout=30)
+    assert missing.status_code == 404 and missing.json()["code"] == "NOT_FOUND", missing.text
+    assert all(c.get("artifact") is None for c in report["candidates"]), "no worker paths in the report"
 
 
 @pytest.mark.parametrize(

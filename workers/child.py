@@ -108,7 +108,7 @@ CHILD_IDLE_SECONDS = 300.0
 ACK_TIMEOUT = 10.0
 #: The longest progress line a step may report, and the most JSON data one may carry.
 MAX_PROGRESS_CHARS = 4000
-MAX_PROGRESS_DATA_BYTES = 64 << 10
+MAX_PROGRESS_DATA_BYTES = 256 << 10  # a tune's every candidate, ~375 bytes each
 #: The largest message a child may send (its artifact's metadata, an error): more is a broken child.
 MAX_MESSAGE_BYTES = 16 << 20
 
@@ -322,8 +322,13 @@ def checked_progress(body: Any) -> Progress:
     if isinstance(body, dict):
         line: dict[str, Any] = {"message": str(body.get("message", ""))[:MAX_PROGRESS_CHARS]}
         data = body.get("tune")
-        if isinstance(data, dict) and len(json.dumps(data, default=str)) <= MAX_PROGRESS_DATA_BYTES:
-            line["tune"] = json.loads(json.dumps(data, default=str))
+        if isinstance(data, dict):
+            try:  # finite JSON only: PostgreSQL's json type refuses NaN and Infinity
+                text = json.dumps(data, default=str, allow_nan=False)
+            except ValueError:
+                text = ""
+            if text and len(text) <= MAX_PROGRESS_DATA_BYTES:
+                line["tune"] = json.loads(text)
         return line
     return str(body)[:MAX_PROGRESS_CHARS]
 

@@ -413,6 +413,12 @@ def download_artifact(
             f"target {target} of job {job_id} has no artifact (export step is {step.status if step else 'missing'})",
             hint="Wait for the job to finish; GET /jobs/{id} shows each step.",
         )
+    meta = step.meta or {}
+    if "tune" in meta and not meta.get("format"):  # a tune that recommended nothing holds only its report
+        raise NotFound(
+            f"the tune of job {job_id} recommended nothing: it has no artifact",
+            hint="GET /jobs/{id} has its report (`tune`): why each candidate was dropped.",
+        )
     root = request.app.state.scratch.dir / "downloads"
     root.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="dl-", dir=root))

@@ -48,7 +48,9 @@ def _snr(row: dict[str, Any]) -> float | None:
     if v is None:
         return None
     v = float(v)
-    return _SNR_CAP_DB if not math.isfinite(v) or v > _SNR_CAP_DB else v
+    if math.isnan(v) or v == -math.inf:
+        return None  # no agreement measured (a zero signal, a NaN): drawn at the bottom
+    return min(v, _SNR_CAP_DB)  # identical outputs have an unbounded SNR
 
 
 def _front(points: list[TunePoint]) -> list[TunePoint]:

@@ -7,6 +7,7 @@ from its report (GET /jobs/{id}'s ``tune``), which has the profiles and the serv
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from api.schemas import JobPublic
@@ -25,7 +26,7 @@ def tune_events(jobs: JobStore, job_id: str) -> list[dict[str, Any]]:
         for ev in batch:
             data = ev.data or {}
             if ev.type == "progress" and isinstance(data.get("tune"), dict):
-                out.append({**data["tune"], "line": data.get("message", "")})
+                out.append({**data["tune"], "line": str(data.get("message", ""))})
         if len(batch) < 1000:
             return out
         after = batch[-1].id
@@ -35,28 +36,43 @@ def _settings_text(settings: dict[str, Any] | None) -> str:
     return " ".join(f"{k}={v}" for k, v in (settings or {}).items()) or "defaults"
 
 
-def _row(c: dict[str, Any], recommended: str | None) -> dict[str, Any]:
-    """Return a candidate (a report's, an event's) as a table row."""
-    parity = c.get("parity") or {}
-    violations = c.get("violations") or []
-    note = c.get("reason") or "; ".join(violations) or ""
+def _number(value: Any) -> float | None:
+    """Return ``value`` as a finite float, or None (the rows come from a sandboxed step's data)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _row(c: Any, recommended: str | None) -> dict[str, Any] | None:
+    """Return a candidate (a report's, an event's) as a table row; None for anything that is not one."""
+    if not isinstance(c, dict):
+        return None
+    parity = c["parity"] if isinstance(c.get("parity"), dict) else {}
+    violations = [str(v) for v in c.get("violations") or [] if isinstance(v, str)]
+    note = str(c.get("reason") or "; ".join(violations) or "")
+    settings = c["settings"] if isinstance(c.get("settings"), dict) else {}
     return {
-        "id": c.get("id", ""),
-        "target": c["target"],
-        "precision": c["precision"],
-        "settings_text": _settings_text(c.get("settings")),
-        "batch": c.get("batch", "-"),
-        "status": c.get("status", ""),
-        "p50_ms": c.get("p50_ms"),
-        "p99_ms": c.get("p99_ms"),
-        "iqr_ms": c.get("iqr_ms"),
-        "throughput": c.get("throughput"),
-        "artifact_bytes": c.get("artifact_bytes"),
-        "min_snr_db": c.get("min_snr_db", parity.get("min_snr_db")),
-        "meets": bool(c.get("meets_constraints")),
+        "id": str(c.get("id", "")),
+        "target": str(c.get("target", "?")),
+        "precision": str(c.get("precision", "?")),
+        "settings_text": _settings_text(settings),
+        "batch": c.get("batch", "-") if isinstance(c.get("batch", "-"), int | str) else "-",
+        "status": str(c.get("status", "")),
+        "p50_ms": _number(c.get("p50_ms")),
+        "p99_ms": _number(c.get("p99_ms")),
+        "iqr_ms": _number(c.get("iqr_ms")),
+        "throughput": _number(c.get("throughput")),
+        "artifact_bytes": _number(c.get("artifact_bytes")),
+        "min_snr_db": _number(c.get("min_snr_db", parity.get("min_snr_db"))),
+        "meets": c.get("meets_constraints") is True,
         "note": note[:160],
-        "recommended": c.get("id") == recommended,
+        "recommended": recommended is not None and c.get("id") == recommended,
     }
+
+
+def _rows(candidates: Any, recommended: str | None) -> list[dict[str, Any]]:
+    rows = [_row(c, recommended) for c in candidates] if isinstance(candidates, list) else []
+    return [r for r in rows if r is not None]
 
 
 def _built_rows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -65,17 +81,15 @@ def _built_rows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for e in events:
         if e.get("type") != "tune_built":
             continue
-        for b in e.get("built", []):
-            status = "built: waiting to be timed" if b["status"] == "built" else b["status"]
-            error = b.get("error") or {}
-            rows.append(
-                {
-                    **_row({**b, "status": status, "reason": error.get("message")}, None),
-                    "id": f"{b['target']}/{b['precision']}",
-                    "settings_text": "—",
-                    "batch": "—",
-                }
-            )
+        built = e.get("built")
+        for b in built if isinstance(built, list) else []:
+            if not isinstance(b, dict):
+                continue
+            status = "built: waiting to be timed" if b.get("status") == "built" else b.get("status")
+            error = b["error"] if isinstance(b.get("error"), dict) else {}
+            row = _row({**b, "status": status, "reason": error.get("message")}, None)
+            if row is not None:
+                rows.append({**row, "id": f"{row['target']}/{row['precision']}", "settings_text": "—", "batch": "—"})
     return rows
 
 
@@ -115,15 +129,17 @@ def tune_panel(job: JobPublic, events: list[dict[str, Any]]) -> dict[str, Any]:
     if report is not None:
         rec = report.get("recommendation")
         rec_id = rec["id"] if rec else None
-        rows = [_row(c, rec_id) for c in report.get("candidates", [])]
+        rows = _rows(report.get("candidates"), rec_id)
         profile = (rec or {}).get("profile")
         curve = ((rec or {}).get("serving") or {}).get("curve")
         phase = "done"
     else:
         latest = next((e for e in reversed(events) if e.get("type") == "tune_candidates"), None)
         rec = next((e for e in reversed(events) if e.get("type") == "tune_recommendation"), None)
+        if rec is not None and not (isinstance(rec.get("id"), str) and _number(rec.get("p50_ms")) is not None):
+            rec = None  # the page draws a recommendation only as the search reports one
         rec_id = rec["id"] if rec else None
-        rows = [_row(c, rec_id) for c in latest["candidates"]] if latest else _built_rows(events)
+        rows = _rows(latest.get("candidates"), rec_id) if latest else _built_rows(events)
         profile, curve = None, None
         phase = events[-1]["line"] if events else ("waiting for a worker" if job.status == "queued" else "starting")
     rows.sort(key=_ranking(str(options.get("objective", "latency"))))

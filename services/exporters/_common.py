@@ -10,8 +10,8 @@ import numpy as np
 
 from services.artifacts import Artifact
 from services.benchmark import benchmark_runner, compare_with_fp32
-from services.errors import ConversionFailed, ParityFailed, SlowerThanFp32, SourceUnreadable
-from services.formats import Format
+from services.errors import ConversionFailed, InvalidModel, ParityFailed, SlowerThanFp32, SourceUnreadable
+from services.formats import Format, sha256_path
 from services.runners import ModelRunner, open_runner
 from services.spec import Precision, Tolerances
 from services.steps.context import StepContext
@@ -165,6 +165,17 @@ def _against_fp32(
     return result
 
 
+def _copied_input(ctx: StepContext, written: Path) -> bool:
+    """Return True when ``written`` is byte for byte the step's input model (an fp32 export copies it)."""
+    try:
+        source = ctx.model.path
+    except KeyError:
+        return False
+    if not (source.is_file() and written.is_file()) or source.stat().st_size != written.stat().st_size:
+        return False
+    return sha256_path(source) == sha256_path(written)
+
+
 def finish_export(
     ctx: StepContext,
     *,
@@ -189,9 +200,11 @@ def finish_export(
     ref = load_reference(ctx.reference)
     try:
         runner = open_runner(fmt, ctx.out_dir / entry, **(runner_options or {}))
-    except SourceUnreadable as exc:
-        # The artifact this step just wrote: its tool made something its own runtime cannot load.
-        # (Left as SOURCE_UNREADABLE, the executor would blame the step that wrote this step's input.)
+    except (SourceUnreadable, InvalidModel) as exc:
+        if _copied_input(ctx, ctx.out_dir / entry):
+            raise  # the step's input as it came: the executor says whose it is (the source's, a step's)
+        # The artifact this step wrote: its tool made something its own runtime cannot load.
+        # (Left as it is, the executor would blame the step that wrote this step's input.)
         raise ConversionFailed(
             f"{ctx.step.tool or ctx.step.id} wrote a {fmt.value} artifact that {fmt.value}'s runtime cannot load: "
             f"{exc.message}",

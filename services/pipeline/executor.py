@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
+import platform
 import shutil
 import time
 import traceback
@@ -97,7 +99,23 @@ def _step_tools(step: PlanStep) -> dict[str, Any]:
     engines = step.options.get("tool_engines")
     if not engines:
         return tool_versions(step.engine)
-    return {e: tool_versions(e) for e in sorted(engines)}
+    tools: dict[str, Any] = {e: tool_versions(e) for e in sorted(engines)}
+    if step.kind == "tune":
+        # A tune's output is a measurement (and its thread grid follows the core count): an identical
+        # tune on other hardware is not the same result.
+        tools["host"] = {"cpus": os.cpu_count(), "machine": platform.machine(), "cpu": _cpu_model()}
+    return tools
+
+
+def _cpu_model() -> str:
+    """Return the CPU's model name (Linux), or the platform's processor string."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
 
 
 def step_cache_key(

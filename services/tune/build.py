@@ -11,6 +11,7 @@ fp32 artifact fails is not built at a riskier precision.
 
 from __future__ import annotations
 
+import math
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict
@@ -64,10 +65,12 @@ def parity_summary(parity: dict[str, Any] | None) -> dict[str, Any] | None:
     """Return the parity fields a tune reports: passed, the worst output's SNR, and the failures."""
     if not parity:
         return None
-    snrs = [o.get("snr_db") for o in parity.get("outputs", []) if o.get("snr_db") is not None]
+    # to_dict writes a non-finite SNR (a zero signal, a NaN error) as the string "-inf"/"inf".
+    snrs = [float(o["snr_db"]) for o in parity.get("outputs", []) if o.get("snr_db") is not None]
+    worst = min(snrs) if snrs else None
     return {
         "passed": bool(parity.get("passed")),
-        "min_snr_db": round(min(snrs), 2) if snrs else None,
+        "min_snr_db": round(worst, 2) if worst is not None and math.isfinite(worst) else None,
         "failures": list(parity.get("failures", []))[:5],
     }
 

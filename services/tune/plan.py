@@ -17,7 +17,7 @@ from __future__ import annotations
 from services.descriptors import registry
 from services.formats import Format
 from services.graph.planner import Plan, PlanStep, RouteOption
-from services.tune.options import TuneOptions
+from services.tune.options import TuneOptions, load_tune_options
 
 __all__ = ["TUNE_ENGINE", "TUNE_TARGET", "plan_tune", "replan_tune"]
 
@@ -65,5 +65,6 @@ def plan_tune(source_format: Format, options: TuneOptions, targets: list[str], n
 def replan_tune(plan: Plan, targets: list[str], name: str) -> Plan:
     """Return a tune job's plan again (a resubmission): its search's options over ``targets``, published as ``name``."""
     search = next(s for s in plan.steps if s.kind == "tune")
-    options = TuneOptions.model_validate({k: v for k, v in search.options["tune"].items() if k != "targets"})
+    # As POST /tune checks them: an edited spec may name a target the search cannot take.
+    options = load_tune_options({**search.options["tune"], "targets": targets})
     return plan_tune(plan.source_format, options, targets, name)

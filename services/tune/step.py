@@ -71,12 +71,24 @@ def progress_line(event: dict[str, Any]) -> str | None:
     return None
 
 
+def _without_paths(data: Any) -> Any:
+    """Return ``data`` without the worker's scratch paths (the artifacts' and the model's) it carries."""
+    if isinstance(data, dict):
+        return {
+            k: (None if k in ("artifact", "model") and isinstance(v, str) else _without_paths(v))
+            for k, v in data.items()
+        }
+    if isinstance(data, list):
+        return [_without_paths(v) for v in data]
+    return data
+
+
 def _relay(ctx: StepContext, event: dict[str, Any]) -> None:
     line = progress_line(event)
     if line is None:
         return
     if str(event.get("type", "")).startswith("tune_"):
-        ctx.progress({"message": line, "tune": event})
+        ctx.progress({"message": line, "tune": _without_paths(event)})
     else:
         ctx.progress(line)
 
@@ -100,7 +112,8 @@ def run_tune_step(ctx: StepContext) -> Artifact:
     req.use_cache = ctx.use_cache
     store = LocalArtifactStore(ctx.scratch / "tune-store")
     report = tune_model(req, store=store, repository=None, on_event=lambda e: _relay(ctx, e))
-    body = report.to_dict()
+    body = _without_paths(report.to_dict())
+    body["model"] = ctx.source.path.name
     rec = report.recommendation
     if rec is None:
         return Artifact(root=ctx.out_dir, kind="tune_report", meta={_REPORT: body})
