@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -114,18 +115,8 @@ def compile_remote(
             _print_remote_plan(client, model, spec, as_json)
             return
         job = client.compile(model, spec, calibration, wait=False, cache=use_cache)
-        try:
-            if not quiet:
-                show = event_printer(progress_lines=True)
-                for event in job.follow():
-                    show(event.data)
-            job.wait()
-        except KeyboardInterrupt:
-            console.print(
-                f"[yellow]stopped following job {job.id}; it goes on on the server[/] "
-                f"(kiln jobs show {job.id}, kiln jobs cancel {job.id})"
-            )
-            sys.exit(130)
+        printer = event_printer(progress_lines=True)
+        _follow(job, None if quiet else lambda event: printer(event.data))
     targets = {name: local_target(t) for name, t in job.targets.items()}
     if as_json:
         out.print_json(json.dumps(compile_json(job.id, job.ok, job.plan, targets), default=str))
@@ -157,18 +148,28 @@ def tune_remote(
     calibration = _calibration(spec)
     with _connect(server, token) as client:
         job = client.tune(model, tune, spec, calibration, wait=False, cache=use_cache)
-        try:
-            for event in job.follow():
-                if event.type == "progress" and event.data.get("message"):
-                    console.print(f"  [dim]{event.data['message']}[/]", soft_wrap=True)
-            job.wait()
-        except KeyboardInterrupt:
-            console.print(
-                f"[yellow]stopped following job {job.id}; it goes on on the server[/] "
-                f"(kiln jobs show {job.id}, kiln jobs cancel {job.id})"
-            )
-            sys.exit(130)
+        _follow(job, _print_progress_line)
     return job
+
+
+def _print_progress_line(event: Any) -> None:
+    if event.type == "progress" and event.data.get("message"):
+        console.print(f"  [dim]{event.data['message']}[/]", soft_wrap=True)
+
+
+def _follow(job: Any, show: Callable[[Any], None] | None) -> None:
+    """Show ``job``'s events as they come (``show``; None: none) and wait for its end; Ctrl-C leaves it running."""
+    try:
+        if show is not None:
+            for event in job.follow():
+                show(event)
+        job.wait()
+    except KeyboardInterrupt:
+        console.print(
+            f"[yellow]stopped following job {job.id}; it goes on on the server[/] "
+            f"(kiln jobs show {job.id}, kiln jobs cancel {job.id})"
+        )
+        sys.exit(130)
 
 
 def _fail(job: Any, targets: list[dict[str, Any]]) -> None:
