@@ -16,6 +16,7 @@ from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 from api.auth import TokenCache
 from api.deps import ReadAuth
 from api.errors import install_error_handlers
+from api.login_throttle import LoginThrottle
 from api.metrics import Metrics, MetricsMiddleware
 from api.openapi import complete_openapi, operation_id
 from api.origin import OriginGuard
@@ -35,6 +36,8 @@ from services.jobs.db import database_url
 from services.jobs.migrate import upgrade
 from services.jobs.models import DEFAULT_TENANT
 from services.jobs.stores import JobStores
+from services.repository.checks import SignatureChecks
+from services.repository.signing_keys import trusted_cas, trusted_keys
 from services.settings import Settings, get_settings
 from services.webhooks import WebhookPolicy, deliver_due
 from workers.maintenance import fail_unserved_once, worker_max_age
@@ -155,11 +158,15 @@ def create_app(
     state.session_keys = session_keys(settings)
     state.store = open_store(settings)
     state.repository = open_repository(settings)
+    # Whether each published version still holds the files Kiln signed (GET /repository, the dashboard).
+    own_key = state.repository.signing_key
+    state.signatures = SignatureChecks(trusted_keys(settings, own_key), trusted_cas(settings, own_key))
     state.registry = registry or default_registry()
     state.embedded = embedded
     # Uploads, detection and downloads work here; a crashed predecessor's leftovers go now.
     state.scratch = ApiScratch(settings.cache_dir / "api")
     state.token_cache = TokenCache()
+    state.login_throttle = LoginThrottle()
     state.job_bodies = JobBodies()
     state.job_versions = JobVersions(state.jobs.job_versions)
     state.worker_max_age = worker_max_age(settings)

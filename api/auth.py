@@ -42,6 +42,9 @@ class Principal:
     name: str | None
     scopes: frozenset[str]
     tenant: str = DEFAULT_TENANT
+    #: The token's own quotas (services/jobs/quotas.py); None: the settings'.
+    max_running_jobs: int | None = None
+    max_queued_jobs: int | None = None
 
     def allows(self, scope: str) -> bool:
         return scope in self.scopes
@@ -66,7 +69,13 @@ def principal_of(rec: ApiToken) -> Principal:
     scopes: set[str] = set()
     for s in rec.scopes.split():
         scopes |= _IMPLIED.get(s, {s})
-    return Principal(name=rec.name, scopes=frozenset(scopes), tenant=rec.tenant)
+    return Principal(
+        name=rec.name,
+        scopes=frozenset(scopes),
+        tenant=rec.tenant,
+        max_running_jobs=rec.max_running_jobs,
+        max_queued_jobs=rec.max_queued_jobs,
+    )
 
 
 class TokenCache:

@@ -17,12 +17,14 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.auth import Principal, authenticate, authenticate_session
 from api.sessions import SAFE_METHODS, request_session, require_csrf
+from services.errors import Forbidden, Unauthorized
 from services.graph.registry import Registry
 from services.jobs.idempotency import IdempotencyKeys
 from services.jobs.model_names import ModelNames
 from services.jobs.store import JobStore
 from services.jobs.worker_registry import WorkerRegistry
 from services.repository.base import ModelRepository
+from services.repository.checks import SignatureChecks
 from services.settings import Settings
 from services.storage.base import ArtifactStore
 
@@ -36,6 +38,7 @@ __all__ = [
     "RegistryDep",
     "RepositoryDep",
     "SettingsDep",
+    "SignatureChecksDep",
     "StoreDep",
     "WorkersDep",
     "WriteAuth",
@@ -74,6 +77,10 @@ async def get_repository(request: Request) -> ModelRepository:
     return request.app.state.repository  # type: ignore[no-any-return]
 
 
+async def get_signature_checks(request: Request) -> SignatureChecks:
+    return request.app.state.signatures  # type: ignore[no-any-return]
+
+
 async def get_registry(request: Request) -> Registry:
     return request.app.state.registry  # type: ignore[no-any-return]
 
@@ -87,6 +94,7 @@ CeleryDep = Annotated[Any, Depends(get_celery)]
 StoreDep = Annotated[ArtifactStore, Depends(get_store)]
 RepositoryDep = Annotated[ModelRepository, Depends(get_repository)]
 RegistryDep = Annotated[Registry, Depends(get_registry)]
+SignatureChecksDep = Annotated[SignatureChecks, Depends(get_signature_checks)]
 
 _bearer = HTTPBearer(auto_error=False, description="An API token from `kiln token create` (when auth is enabled).")
 
@@ -111,6 +119,26 @@ def _require(scope: str) -> Any:
 
     dependency.__name__ = f"require_{scope}"
     return dependency
+
+
+async def optional_reader(request: Request) -> Principal | None:
+    """Return the caller when it may read (a bearer token or a dashboard session; anyone with auth off), else None.
+
+    For routes anyone may call but whose details only a reader may see (/readyz). The header is
+    read here rather than through the bearer dependency, so the route stays documented as open.
+    """
+    state = request.app.state
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    try:
+        if scheme.lower() == "bearer" and token.strip():
+            return await authenticate(state, token.strip(), "read")
+        if not state.settings.auth_enabled:
+            return await authenticate(state, None, "read")
+        session_id = request_session(request)
+        return await authenticate_session(state, session_id, "read") if session_id else None
+    except (Unauthorized, Forbidden):
+        return None
 
 
 ReadAuth = Annotated[Principal, Depends(_require("read"))]

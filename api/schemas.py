@@ -23,6 +23,7 @@ __all__ = [
     "PlanPublic",
     "PlanRequest",
     "PlanStepPublic",
+    "QuotaPublic",
     "ReadyPublic",
     "RepositoryPublic",
     "ResubmitRequest",
@@ -93,8 +94,18 @@ class TargetPublic(BaseModel):
     route: str
     status: Literal["pending", "running", "succeeded", "failed", "cancelled"]
     steps: list[str] = Field(description="Ids of the steps this target needs, in order (shared ones included).")
-    error: ErrorPublic | None = None
+    error: ErrorPublic | None = Field(
+        default=None,
+        description="Why the target failed: PARITY_FAILED (outputs differ from the source's beyond the tolerances), "
+        "ACCURACY_DROP_EXCEEDED (the task metric on the spec's labelled data dropped past evaluation.max_drop; "
+        "details.evaluation holds both scores), CONVERSION_FAILED, SLOWER_THAN_FP32, TIMEOUT, CANCELLED...",
+    )
     parity: dict[str, Any] | None = None
+    evaluation: dict[str, Any] | None = Field(
+        default=None,
+        description="The spec's evaluation: metric, output, samples, the source's and the artifact's scores, "
+        "drop, max_drop, passed.",
+    )
     benchmark: list[dict[str, Any]] = Field(default_factory=list)
     warnings: list[str] = Field(
         default_factory=list, description="Fallbacks the export took (e.g. dynamic-range int8), also in the manifest."
@@ -108,6 +119,12 @@ class TargetPublic(BaseModel):
     attempts: list[dict[str, Any]] = Field(
         default_factory=list,
         description="Each route tried, in order: rank, route, status, and for a failed one its step, tool, code, message.",
+    )
+    device_check: dict[str, Any] | None = Field(
+        default=None,
+        description="A GPU-bound target (serving.onnxruntime_device: gpu, options.tvm.cuda_arch): checked_on 'gpu' "
+        "with the device (name, compute capability, memory, driver, CUDA) and its parity and benchmark there, or "
+        "'cpu' when no GPU worker checked it (a warning says so). None for a target that runs on the CPU.",
     )
 
 
@@ -207,6 +224,11 @@ class EnginePublic(BaseModel):
     queue: str
     workers: int = Field(description="Live workers serving this engine's queue.")
     versions: dict[str, str] = Field(description="Tool versions reported by a live worker.")
+    devices: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="The GPUs its live workers run on (the GPU engine): name, compute capability, arch, memory "
+        "(MiB), driver and CUDA version, from each worker's probe.",
+    )
 
 
 class EnginesPublic(BaseModel):
@@ -214,13 +236,42 @@ class EnginesPublic(BaseModel):
     workers: list[WorkerPublic]
 
 
+class SignatureProblemPublic(BaseModel):
+    code: str = Field(description="FILE_MISSING, FILE_REPLACED, FILE_MODIFIED or FILE_UNSIGNED.")
+    path: str
+    message: str
+
+
+class SignaturePublic(BaseModel):
+    """Whether a version still holds the files Kiln signed (verified when they changed since the last look)."""
+
+    status: Literal["verified", "unsigned", "foreign", "invalid", "mismatch"] = Field(
+        description="verified: Kiln's signature and every file matches it; unsigned: no signature; foreign: signed "
+        "by a key this service does not trust; invalid: the signature does not verify; mismatch: files differ "
+        "from the ones signed (missing, replaced, modified or added)."
+    )
+    code: str = Field(
+        description="VERIFIED, UNSIGNED, SIGNATURE_FOREIGN, SIGNATURE_INVALID, or the most serious file problem "
+        "(FILE_MISSING, FILE_REPLACED, FILE_MODIFIED, FILE_UNSIGNED): what `kiln verify` reports."
+    )
+    message: str
+    key_id: str | None = Field(default=None, description="SHA-256 of the public key the signature names.")
+    problems: list[SignatureProblemPublic] = Field(default_factory=list)
+
+
 class VersionPublic(BaseModel):
     version: int
-    uri: str
+    uri: str = Field(
+        description="Where the version is: for an admin, in the repository itself (a directory or s3:// URL); for "
+        "a tenant, where the serving engines find it (<serving root>/<root>/<name>/<version>, or that path alone)."
+    )
     published_at: str | None = None
     precision: str | None = None
     source_sha256: str | None = None
     job_id: str | None = None
+    signature: SignaturePublic | None = Field(
+        default=None, description="The version's signature and whether its files still match it."
+    )
 
 
 class ModelPublic(BaseModel):
@@ -232,8 +283,20 @@ class ModelPublic(BaseModel):
 
 
 class RepositoryPublic(BaseModel):
-    uri: str
+    uri: str = Field(
+        description="The repository's location (admins), or the serving root in force (tenants; may be empty)."
+    )
     models: list[ModelPublic]
+
+
+class QuotaPublic(BaseModel):
+    """A tenant's jobs against its quotas (services/jobs/quotas.py)."""
+
+    tenant: str
+    running: int = Field(description="Jobs of the tenant running now.")
+    max_running: int = Field(description="Jobs of the tenant that run at once; more wait, queued.")
+    queued: int = Field(description="Jobs of the tenant accepted and waiting to start.")
+    max_queued: int = Field(description="Waiting jobs past which a submission is refused (429 QUOTA_EXCEEDED).")
 
 
 class HealthPublic(BaseModel):
@@ -243,10 +306,11 @@ class HealthPublic(BaseModel):
 class ReadyPublic(BaseModel):
     status: Literal["ready", "starting", "unavailable"]
     checks: dict[str, str] = Field(
-        description="broker, database, storage (and workers, under `kiln serve`): 'ok' or what failed."
+        description="broker, database, storage (and workers, under `kiln serve`): 'ok' or what failed; to a caller "
+        "without a token (auth on), 'ok' or 'fail'."
     )
     starting: list[str] = Field(
         default_factory=list,
         description="Under `kiln serve`: engines whose own worker is still starting (jobs for them are accepted "
-        "and wait).",
+        "and wait); empty to a caller without a token (auth on).",
     )

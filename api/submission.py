@@ -16,10 +16,11 @@ from typing import Any
 
 from api.auth import Principal
 from api.readiness import EmbeddedWorkers
-from api.upload import Upload
+from api.upload import ReceivedFile, Upload
 from services import descriptors
 from services.errors import (
     EngineUnavailable,
+    Forbidden,
     InvalidSpec,
     KilnError,
     ServiceUnavailable,
@@ -28,20 +29,25 @@ from services.errors import (
 )
 from services.formats import DetectedSource, Format, open_source, safe_extract
 from services.formats.archives import archive_kind
+from services.graph.device_checks import plans_device_checks
 from services.graph.planner import Plan, plan_routes
 from services.graph.registry import Registry, load_entry
 from services.jobs.idempotency import IdempotencyClaim
+from services.jobs.quotas import TenantQuota
 from services.jobs.store import JobStore, NewJob
 from services.jobs.webhooks import WebhookStore
 from services.jobs.worker_registry import WorkerRegistry
 from services.pipeline.local import default_model_name
+from services.repository.base import ModelRepository
+from services.repository.publish import configured_serving_root, normal_serving_root
 from services.spec import CompileSpec, load_spec
 from services.storage.base import ArtifactStore
 from services.tune.plan import replan_tune
+from services.validation.evaluation import inspect_evaluation_file
 from services.webhooks import WebhookPolicy, new_webhook, stored_spec
 from workers.queues import enqueue_steps
 
-__all__ = ["Planner", "live_engines", "prepare_job", "resubmit", "start_job", "submit_job"]
+__all__ = ["Planner", "check_serving_root", "live_engines", "prepare_job", "resubmit", "start_job", "submit_job"]
 
 #: Plans a job from its detected source, its spec and the default model name.
 Planner = Callable[[DetectedSource, CompileSpec, str], Plan]
@@ -91,6 +97,28 @@ def _check_spec_inputs(source: DetectedSource, spec: CompileSpec) -> None:
     check_onnx_inputs(source.path, spec)
 
 
+def check_serving_root(spec: CompileSpec, principal: Principal, repository: ModelRepository | None) -> None:
+    """Refuse (FORBIDDEN) a non-admin job whose ``serving.root`` differs from the deployment's.
+
+    The serving root is the base path of every model in ovms/config.json and
+    tfserving/models.config, other tenants' included, and it is recorded for later publishes:
+    it is the operator's setting (KILN_SERVING_ROOT, or an admin's job), not a tenant's. A job
+    may name the root already in force (a spec shared with `kiln compile` keeps working).
+    """
+    requested = spec.serving.root
+    if requested is None or repository is None or principal.sees_all:
+        return
+    configured = configured_serving_root(repository)
+    if configured is not None and normal_serving_root(requested) == configured:
+        return
+    raise Forbidden(
+        f"serving.root {requested!r} would move where every model of this repository is served from "
+        f"(in force: {configured or 'the repository location'}); only the deployment sets it",
+        hint="Leave serving.root out of the spec: the service's KILN_SERVING_ROOT applies. An admin token may change it.",
+        field="serving.root",
+    )
+
+
 def _require_workers(plan: Plan, spec: CompileSpec, live_engines: Collection[str] | None) -> None:
     """Refuse a job an engine with no live worker would leave waiting, unless the spec says to wait."""
     if live_engines is None or spec.wait_for_workers:
@@ -110,6 +138,28 @@ def _require_workers(plan: Plan, spec: CompileSpec, live_engines: Collection[str
         )
 
 
+def _evaluation_upload(upload: Upload, spec: CompileSpec) -> ReceivedFile | None:
+    """Return the `evaluation` part, checked as labelled data; refuse a spec and an upload that do not go together."""
+    evaluation = upload.files.get("evaluation")
+    if spec.evaluation is not None and evaluation is None:
+        raise InvalidSpec(
+            "spec.evaluation names a file, but the server reads no paths: upload it as the `evaluation` part",
+            hint="curl ... -F evaluation=@eval.npz",
+            errors=[{"field": "evaluation", "problem": "upload the file as the `evaluation` part"}],
+        )
+    if evaluation is not None and spec.evaluation is None:
+        raise InvalidSpec(
+            "the request uploads an `evaluation` file, but the spec has no `evaluation` to say how to score it",
+            hint='Add "evaluation": {"data": "eval.npz", "metric": "top1", "max_drop": 0.01} to the spec.',
+            errors=[{"field": "evaluation", "problem": "missing: metric and max_drop for the uploaded file"}],
+        )
+    if evaluation is not None:
+        # Its layout is checked now (a bad file is refused before anything is queued); its labels
+        # against the model's output by the reference step, which runs the source.
+        inspect_evaluation_file(evaluation.path)
+    return evaluation
+
+
 def prepare_job(
     upload: Upload,
     *,
@@ -122,6 +172,8 @@ def prepare_job(
     vet: bool = True,
     webhooks: WebhookPolicy | None = None,
     planner: Planner | None = None,
+    repository: ModelRepository | None = None,
+    quota: TenantQuota | None = None,
 ) -> NewJob:
     """Validate, detect and plan ``upload`` and put its files in the store; return the job to record.
 
@@ -131,7 +183,9 @@ def prepare_job(
     ``live_engines``: the engines with a live worker; a job needing another is refused
     (ENGINE_UNAVAILABLE) unless its spec sets ``wait_for_workers``. None skips the check.
     ``webhooks``: the operator's rules for the spec's notify (none: no internal networks,
-    no default secret).
+    no default secret). ``repository``: the service's, whose serving root a tenant's job may
+    not change (:func:`check_serving_root`; None: no check). ``quota``: the caller's
+    (services/jobs/quotas.py), checked when the job is recorded; None: none.
     """
     spec_text = upload.fields.get("spec")
     if spec_text is None:
@@ -153,6 +207,10 @@ def prepare_job(
         )
     if calibration is not None:
         spec = spec.model_copy(update={"calibration": calibration.filename})
+    evaluation = _evaluation_upload(upload, spec)
+    if evaluation is not None and spec.evaluation is not None:
+        spec = spec.model_copy(update={"evaluation": spec.evaluation.model_copy(update={"data": evaluation.filename})})
+    check_serving_root(spec, principal, repository)
     webhook = new_webhook(spec, webhooks or WebhookPolicy())
     scratch_root.mkdir(parents=True, exist_ok=True)
     default_name = default_model_name(model.path)  # while the file is there: it is moved into the store below
@@ -160,7 +218,12 @@ def prepare_job(
         # Detection and archive vetting (UNSAFE_INPUT) happen here, before anything is stored.
         source = _open_vetted(model.path, Path(tmp), spec.source_format, model.sha256, vet)
         if planner is None:
-            plan = plan_routes(source.format, spec, registry, default_name=default_name)
+            # Routes only through engines a worker serves: a fallback queued for nobody would wait
+            # there (a job that says it waits for workers plans every route and waits, bounded).
+            served = None if live_engines is None or spec.wait_for_workers else live_engines
+            # GPU-bound targets get a check on the GPU worker's queue when one is live (or the spec requires it).
+            gpu = plans_device_checks(spec, live_engines)
+            plan = plan_routes(source.format, spec, registry, default_name=default_name, engines=served, gpu_worker=gpu)
         else:
             plan = planner(source, spec, default_name)
         # What is wrong with the request is said first; a missing worker only after.
@@ -173,6 +236,10 @@ def prepare_job(
     if calibration is not None:
         calibration_key = f"sources/{calibration.sha256}"
         store.put_dir(calibration_key, calibration.path.parent, move=True)
+    evaluation_key = None
+    if evaluation is not None:
+        evaluation_key = f"sources/{evaluation.sha256}"
+        store.put_dir(evaluation_key, evaluation.path.parent, move=True)
     return NewJob(
         name=spec.name or default_name,
         spec=stored_spec(spec),
@@ -186,10 +253,14 @@ def prepare_job(
         calibration_key=calibration_key,
         calibration_sha256=calibration.sha256 if calibration else None,
         calibration_filename=calibration.filename if calibration else None,
+        evaluation_key=evaluation_key,
+        evaluation_sha256=evaluation.sha256 if evaluation else None,
+        evaluation_filename=evaluation.filename if evaluation else None,
         use_cache=use_cache,
         owner=principal.name,
         tenant=principal.tenant,
         webhook=webhook,
+        quota=quota,
     )
 
 
@@ -211,6 +282,8 @@ def submit_job(
     webhooks: WebhookPolicy | None = None,
     planner: Planner | None = None,
     prepare: Callable[[Upload, set[str] | None], Planner] | None = None,
+    repository: ModelRepository | None = None,
+    quota: TenantQuota | None = None,
 ) -> str:
     """Accept ``upload`` for ``principal``'s tenant: record the job with its first steps queued, enqueue them; return its id.
 
@@ -237,6 +310,8 @@ def submit_job(
             vet=vet,
             webhooks=webhooks,
             planner=planner,
+            repository=repository,
+            quota=quota,
         )
         advance = jobs.submit_job(new, any_names=principal.sees_all, idempotency=idempotency)
         start_job(jobs, celery_app, new.id, advance.queued)
@@ -282,6 +357,8 @@ def resubmit(
     use_cache: bool,
     idempotency: IdempotencyClaim | None = None,
     webhooks: WebhookPolicy | None = None,
+    repository: ModelRepository | None = None,
+    quota: TenantQuota | None = None,
 ) -> str:
     """Queue a new job on ``job_id``'s stored source with its spec, or ``spec``; return the new job's id.
 
@@ -297,12 +374,23 @@ def resubmit(
             f"the source of job {job_id} is no longer in the artifact store", hint="Submit the model again."
         )
     new_spec = load_spec(spec if spec is not None else old.spec)
+    check_serving_root(new_spec, principal, repository)
     if new_spec.calibration and not old.calibration_key:
         raise InvalidSpec(
             "spec.calibration is set, but the job being resubmitted had no calibration upload",
             hint="Submit with POST /compile and a `calibration` part.",
             errors=[{"field": "calibration", "problem": "no calibration file to reuse"}],
         )
+    if new_spec.evaluation is not None and not old.evaluation_key:
+        raise InvalidSpec(
+            "spec.evaluation is set, but the job being resubmitted had no evaluation upload",
+            hint="Submit with POST /compile and an `evaluation` part.",
+            errors=[{"field": "evaluation", "problem": "no labelled data to reuse"}],
+        )
+    if new_spec.evaluation is not None and old.evaluation_filename:
+        # The stored file is what is scored, whatever name the edited spec gives it.
+        data = new_spec.evaluation.model_copy(update={"data": old.evaluation_filename})
+        new_spec = new_spec.model_copy(update={"evaluation": data})
     name = new_spec.name or old.name
     webhook = None
     if new_spec.notify is not None:
@@ -330,10 +418,14 @@ def resubmit(
         calibration_key=old.calibration_key if new_spec.calibration else None,
         calibration_sha256=old.calibration_sha256 if new_spec.calibration else None,
         calibration_filename=old.calibration_filename if new_spec.calibration else None,
+        evaluation_key=old.evaluation_key if new_spec.evaluation else None,
+        evaluation_sha256=old.evaluation_sha256 if new_spec.evaluation else None,
+        evaluation_filename=old.evaluation_filename if new_spec.evaluation else None,
         use_cache=use_cache,
         owner=principal.name,
         tenant=old.tenant,
         webhook=webhook,
+        quota=quota,
     )
     advance = jobs.submit_job(new, any_names=principal.sees_all, idempotency=idempotency)
     start_job(jobs, celery_app, new.id, advance.queued)

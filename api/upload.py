@@ -30,11 +30,11 @@ from services.errors import InvalidSpec, SourceUnreadable, UploadTooLarge
 __all__ = ["ReceivedFile", "Upload", "receive_upload", "safe_filename"]
 
 #: Parts that carry files; anything else is a small text field (the spec).
-FILE_PARTS = ("model", "calibration")
+FILE_PARTS = ("model", "calibration", "evaluation")
 MAX_FIELD_BYTES = 1 << 20
 #: All text parts together (the spec, and whatever else a client sends): held in memory.
 MAX_TEXT_BYTES = 2 << 20
-#: Parts of one request: model, spec and calibration, and room for a client's extra fields.
+#: Parts of one request: model, spec, calibration and evaluation, and room for a client's extra fields.
 MAX_PARTS = 16
 BATCH_BYTES = 1 << 20
 
@@ -96,7 +96,7 @@ class _Collector:
         if self.parts > MAX_PARTS:
             raise InvalidSpec(
                 f"the request has more than {MAX_PARTS} parts",
-                hint="POST /compile takes a `model` file, a `spec` and an optional `calibration` file.",
+                hint="POST /compile takes a `model` file, a `spec` and optional `calibration` and `evaluation` files.",
             )
 
     def on_header_field(self, data: bytes, start: int, end: int) -> None:

@@ -85,6 +85,12 @@ def _live_target_status(chain: list[str], rows: dict[str, JobStep], job_status: 
     return "pending"
 
 
+def _failed_evaluation(failed: JobStep | None) -> dict[str, Any] | None:
+    """Return the scores an ACCURACY_DROP_EXCEEDED step recorded (a running job's failed target)."""
+    details = (failed.error or {}).get("details") if failed is not None else None
+    return details.get("evaluation") if isinstance(details, dict) else None
+
+
 def job_public(job: Job, store: ArtifactStore) -> JobPublic:
     """Return the public view of a job loaded with its steps."""
     plan = Plan.from_dict(job.plan)
@@ -112,6 +118,7 @@ def job_public(job: Job, store: ArtifactStore) -> JobPublic:
                 steps=chain,
                 error=_error(res.get("error")) if status != "succeeded" else None,
                 parity=res.get("parity"),
+                evaluation=res.get("evaluation"),
                 benchmark=res.get("benchmark") or [],
                 warnings=res.get("warnings") or [],
                 vs_fp32=res.get("vs_fp32"),
@@ -119,6 +126,7 @@ def job_public(job: Job, store: ArtifactStore) -> JobPublic:
                 artifact_uri=_uri(store, export_key),
                 download_url=f"/jobs/{job.id}/artifacts/{target}" if export_key else None,
                 attempts=res.get("attempts") or [],
+                device_check=res.get("device_check"),
             )
             continue
         failed = next((rows[s] for s in chain if s in rows and rows[s].status in ("failed", "skipped")), None)
@@ -130,12 +138,14 @@ def job_public(job: Job, store: ArtifactStore) -> JobPublic:
             steps=chain,
             error=_error(failed.error) if failed is not None else None,
             parity=meta.get("parity"),
+            evaluation=meta.get("evaluation") or _failed_evaluation(failed),
             benchmark=meta.get("benchmark") or [],
             warnings=meta.get("warnings") or [],
             vs_fp32=meta.get("vs_fp32"),
             artifact_uri=_uri(store, export_key),
             download_url=f"/jobs/{job.id}/artifacts/{target}" if export_key else None,
             attempts=[a.to_dict() for a in r.tried],
+            device_check=meta.get("device_check"),
         )
     server_seconds = (job.finished_at - job.created_at).total_seconds() if job.finished_at else None
     return JobPublic(

@@ -11,14 +11,17 @@ openvino artifact at fp32 (benchmark off), then times on the same reference outp
   both sides, one sample),
 
 interleaved round by round, medians of ``--rounds``; and prints each against the export
-step's own time from the same job.
+step's own time from the same job. ``--baseline DIR`` also times another checkout's
+``measure_output`` (services/validation/metrics.py of that tree, loaded beside this one) on the
+same outputs in the same rounds: the cost of a change to the metrics, side by side.
 
-    python benchmarks/bench_parity_cost.py [--models a,b] [--rounds 7]
+    python benchmarks/bench_parity_cost.py [--models a,b] [--rounds 7] [--baseline DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import sys
 import tempfile
@@ -59,13 +62,24 @@ def previous_comparison(actual: list[np.ndarray], expected: list[np.ndarray], at
     return float(diff.max()), cosine, bool(np.all(diff <= atol + rtol * np.abs(fb))), top1
 
 
+def load_baseline_metrics(checkout: Path) -> Any:
+    """Return another checkout's services/validation/metrics.py as a module of its own (its imports from this tree)."""
+    path = checkout / "services" / "validation" / "metrics.py"
+    spec = importlib.util.spec_from_file_location("baseline_metrics", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
 def _timed(fn: Any) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
 
 
-def measure(name: str, root: Path, rounds: int) -> list[dict[str, Any]]:
+def measure(name: str, root: Path, rounds: int, baseline: Any = None) -> list[dict[str, Any]]:
     model = real_models.get(name)
     path = real_models.fetch(model)
     feeds = real_models.realistic_inputs(model, path, n=32, seed=11)
@@ -113,10 +127,24 @@ def measure(name: str, root: Path, rounds: int) -> list[dict[str, Any]]:
         def localise(fp32_onnx: Path = fp32_onnx, art: Path = art, fmt: Format = fmt) -> Any:
             return localize_divergence(fp32_onnx, art, fmt, ref.inputs[0], tol)
 
-        old, new, loc = [], [], []
-        for _ in range(rounds):  # interleaved: each round times all three on the same load
+        def baseline_metrics(actual: list = actual, names: list = names) -> list:
+            return [
+                baseline.measure_output(
+                    [a[n] for a in actual],
+                    [e[n] for e in ref.outputs],
+                    atol=tol.atol,
+                    rtol=tol.rtol,
+                    min_snr_db=tol.min_snr_db,
+                )
+                for n in names
+            ]
+
+        old, new, loc, base = [], [], [], []
+        for _ in range(rounds):  # interleaved: each round times all of them on the same load
             old.append(_timed(previous))
             new.append(_timed(metrics))
+            if baseline is not None:
+                base.append(_timed(baseline_metrics))
             loc.append(_timed(localise))
         rows.append(
             {
@@ -128,6 +156,7 @@ def measure(name: str, root: Path, rounds: int) -> list[dict[str, Any]]:
                 "previous_ms": statistics.median(old) * 1e3,
                 "metrics_ms": statistics.median(new) * 1e3,
                 "localize_ms": statistics.median(loc) * 1e3,
+                "baseline_ms": statistics.median(base) * 1e3 if base else None,
             }
         )
     return rows
@@ -137,11 +166,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(DEFAULT_MODELS))
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--baseline", type=Path, help="another checkout whose measure_output is timed beside this one's")
     args = ap.parse_args()
+    baseline = load_baseline_metrics(args.baseline) if args.baseline else None
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="kiln-parity-cost-") as tmp:
         for name in [n for n in args.models.split(",") if n]:
-            rows += measure(name, Path(tmp), args.rounds)
+            rows += measure(name, Path(tmp), args.rounds, baseline)
     print(
         "| model | target | samples | values compared | export step s | previous check ms | metrics ms (ratio) | localisation ms |"
     )
@@ -152,6 +183,15 @@ def main() -> None:
             f"| {r['model']} | {r['target']} | {r['samples']} | {r['values']:,} | {r['export_s']:.2f} | "
             f"{r['previous_ms']:.1f} | {r['metrics_ms']:.1f} ({ratio:.1f}x) | {r['localize_ms']:.0f} |"
         )
+    if baseline is not None:
+        print()
+        print("| model | target | baseline checkout's metrics ms | this checkout's metrics ms | ratio |")
+        print("|---|---|---|---|---|")
+        for r in rows:
+            print(
+                f"| {r['model']} | {r['target']} | {r['baseline_ms']:.1f} | {r['metrics_ms']:.1f} | "
+                f"{r['metrics_ms'] / r['baseline_ms']:.2f} |"
+            )
 
 
 if __name__ == "__main__":

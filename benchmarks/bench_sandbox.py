@@ -8,7 +8,11 @@ same steps alternately so both see the same machine load:
 - ``optimize``: Kiln's real ONNX optimise step on the test suite's small CNN (onnxruntime);
 - ``first``: the first step of a fresh child (what a retired child costs: fork, Landlock).
 
-Run: ``PYTHONPATH=. python benchmarks/bench_sandbox.py [--rounds 15]``; results in
+With ``--baseline DIR`` (a checkout of an earlier Kiln, e.g. ``git archive <commit> | tar -x -C DIR``)
+a third process runs the same steps sandboxed with that code, interleaved with the others:
+the sandbox's cost per step before and after a change, side by side on the same load.
+
+Run: ``PYTHONPATH=. python benchmarks/bench_sandbox.py [--rounds 15] [--baseline DIR]``; results in
 docs/benchmarks.md ("Step sandbox").
 """
 
@@ -66,16 +70,17 @@ for line in sys.stdin:
 """
 
 
-def _start(mode: str, root: Path) -> subprocess.Popen[str]:
+def _start(mode: str, root: Path, code: Path = ROOT, name: str = "") -> subprocess.Popen[str]:
+    name = name or mode
     env = {
         **os.environ,
         "KILN_SANDBOX": mode,
-        "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}",
-        "KILN_BENCH_ROOT": str(ROOT),
+        "PYTHONPATH": f"{code}:{code / 'tests'}",
+        "KILN_BENCH_ROOT": str(code),
     }
-    env["KILN_HOST_LOCK_DIR"] = str(root / f"locks-{mode}")
+    env["KILN_HOST_LOCK_DIR"] = str(root / f"locks-{name}")
     return subprocess.Popen(
-        [sys.executable, "-c", _WORKER, str(root / mode)],
+        [sys.executable, "-c", _WORKER, str(root / name)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -86,9 +91,12 @@ def _start(mode: str, root: Path) -> subprocess.Popen[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--baseline", type=Path, help="an earlier checkout: its sandboxed steps side by side")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="kiln-bench-sandbox-"))
     procs = {m: _start(m, root) for m in ("auto", "off")}
+    if args.baseline:
+        procs["baseline"] = _start("auto", root, args.baseline.resolve(), "baseline")
     try:
         info = {m: json.loads(p.stdout.readline())["protection"] for m, p in procs.items()}  # type: ignore[union-attr]
         times: dict[str, dict[str, list[float]]] = {m: {"noop": [], "optimize": [], "first": []} for m in procs}
@@ -109,6 +117,16 @@ def main() -> None:
             p.wait(60)
         shutil.rmtree(root, ignore_errors=True)
     print(f"sandboxed: {info['auto']}\nunsandboxed: {info['off']}")
+    if "baseline" in procs:
+        print(f"baseline ({args.baseline}): {info['baseline']}")
+        print(
+            f"{'step':10} {'sandboxed ms':>13} {'baseline ms':>12} {'difference':>11} {'unsandboxed ms':>15}"
+            f"  (medians of {args.rounds}, interleaved)"
+        )
+        for what in ("noop", "optimize", "first"):
+            a, b, o = (statistics.median(times[m][what]) * 1000 for m in ("auto", "baseline", "off"))
+            print(f"{what:10} {a:13.1f} {b:12.1f} {a - b:+11.1f} {o:15.1f}")
+        return
     print(
         f"{'step':10} {'sandboxed ms':>13} {'unsandboxed ms':>15} {'ratio':>6}  (medians of {args.rounds}, interleaved)"
     )

@@ -13,6 +13,7 @@ p50 latencies and each TVM variant's p50 over onnxruntime's (below 1: TVM faster
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -36,7 +37,7 @@ def _build(onnx_path: Path, out: Path, *, fp16: bool, trials: int, shape: tuple[
 
     out.mkdir(parents=True)
     started = time.monotonic()
-    build_libraries(
+    details = build_libraries(
         onnx_path,
         out,
         fp16=fp16,
@@ -44,6 +45,7 @@ def _build(onnx_path: Path, out: Path, *, fp16: bool, trials: int, shape: tuple[
         spec_inputs={name: InputSpec(shape=list(shape))} if trials else {},
         scratch=out.parent / f"{out.name}-scratch",
     )
+    (out / "tuning.json").write_text(json.dumps(details.get("tuning", {})))
     return time.monotonic() - started
 
 
@@ -58,6 +60,9 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=64, help="MetaSchedule trials for the tuned library")
     parser.add_argument("--iterations", type=int, default=200)
     parser.add_argument("--only", help="benchmark only models whose label contains this")
+    parser.add_argument(
+        "--tuned-only", action="store_true", help="time onnxruntime against the tuned library alone (no untuned builds)"
+    )
     args = parser.parse_args()
     from bench_openvino import build_models
 
@@ -68,9 +73,10 @@ def main() -> int:
 
     print(f"cpus: {os.cpu_count()}, load average {os.getloadavg()[0]:.1f}, tuning trials {args.trials}\n")
     print(
-        "| model | onnxruntime p50 ms | tvm fp32 p50 ms (ratio) | tvm fp16 (ratio) | tvm tuned fp32 (ratio) | build s untuned / tuned |"
+        "| model | onnxruntime p50 ms | tvm fp32 p50 ms (ratio) | tvm fp16 (ratio) | tvm tuned fp32 (ratio) "
+        "| build s untuned / tuned | tuning |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory(prefix="kiln-bench-tvm-") as tmp:
         for label, raw, shape in build_models(Path(tmp)):
             if args.only and args.only not in label:
@@ -82,8 +88,9 @@ def main() -> int:
             name = ort.inputs[0].name
             builds = {}
             folder = Path(tmp) / path.stem
-            builds["fp32"] = _build(path, folder / "fp32", fp16=False, trials=0, shape=shape, name=name)
-            builds["fp16"] = _build(path, folder / "fp16", fp16=True, trials=0, shape=shape, name=name)
+            if not args.tuned_only:
+                builds["fp32"] = _build(path, folder / "fp32", fp16=False, trials=0, shape=shape, name=name)
+                builds["fp16"] = _build(path, folder / "fp16", fp16=True, trials=0, shape=shape, name=name)
             builds["tuned"] = _build(path, folder / "tuned", fp16=False, trials=args.trials, shape=shape, name=name)
             runners = {"ort": ort, **{k: open_runner(Format("tvm_library"), folder / k / "model.so") for k in builds}}
             feed = {name: np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
@@ -95,11 +102,16 @@ def main() -> int:
                     cos /= float(np.linalg.norm(got[out_name]) * np.linalg.norm(value)) or 1.0
                     assert cos > 0.999, f"{label} {key}: cosine {cos}"
             p50 = _time_round_robin(runners, feed, args.iterations)
-            cells = [f"{p50[k]:.3f} ({p50[k] / p50['ort']:.2f}x)" for k in ("fp32", "fp16", "tuned")]
+            cells = [
+                f"{p50[k]:.3f} ({p50[k] / p50['ort']:.2f}x)" if k in p50 else "-" for k in ("fp32", "fp16", "tuned")
+            ]
+            untuned = f"{builds['fp32']:.1f}" if "fp32" in builds else "-"
+            tuning = json.loads((folder / "tuned" / "tuning.json").read_text())
             print(
                 f"| {label} | {p50['ort']:.3f} | "
                 + " | ".join(cells)
-                + f" | {builds['fp32']:.1f} / {builds['tuned']:.1f} |",
+                + f" | {untuned} / {builds['tuned']:.1f} | {tuning.get('cost_model')}, {tuning.get('reused')} of "
+                f"{tuning.get('tasks')} kernels reused, kept {tuning.get('speed_check', {}).get('kept')} |",
                 flush=True,
             )
             for r in runners.values():

@@ -19,7 +19,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from cli import remote, secrets_commands, service_commands, tune_command
+from cli import remote, secrets_commands, service_commands, tune_command, verify_command
 from cli.common import console, handle_errors, out
 from cli.spec_flags import spec_from_flags
 from cli.summary import compile_json, event_printer, print_failures, print_summary
@@ -58,6 +58,22 @@ def _log_events(log: Path) -> Any:
     "--calibration",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help=".npz keyed by input name (samples on axis 0) or whole feeds keyed <sample>/<input>.",
+)
+@click.option(
+    "--evaluation",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Labelled .npz (inputs as --calibration, plus `labels`): score the source and each artifact on it.",
+)
+@click.option(
+    "--eval-metric",
+    type=click.Choice(["top1", "topk", "top1_per_position", "mse", "mae", "iou"]),
+    help="The --evaluation metric (default top1).",
+)
+@click.option("--eval-output", metavar="NAME", help="The output --evaluation scores (needed with several outputs).")
+@click.option(
+    "--max-drop",
+    type=click.FloatRange(min=0),
+    help="Most task accuracy an artifact may lose against the source, in the metric's units (default 0.01).",
 )
 @click.option(
     "--spec",
@@ -103,6 +119,10 @@ def compile_cmd(
     name: str | None,
     model_version: int | None,
     calibration: Path | None,
+    evaluation: Path | None,
+    eval_metric: str | None,
+    eval_output: str | None,
+    max_drop: float | None,
     spec_file: Path | None,
     cache_dir: Path | None,
     inputs: tuple[str, ...],
@@ -128,6 +148,10 @@ def compile_cmd(
         inputs,
         max_batch_size,
         serving_root,
+        evaluation=evaluation,
+        eval_metric=eval_metric,
+        eval_output=eval_output,
+        max_drop=max_drop,
     )
     if server:
         remote.compile_remote(
@@ -191,11 +215,11 @@ def _print_plan(model: Path, spec: Any, as_json: bool) -> None:
     """Print what ``kiln compile`` would run (the body POST /plan returns), without running it."""
     from services.formats import open_source
     from services.graph.planner import plan_routes
-    from services.pipeline.local import default_model_name
+    from services.pipeline.local import default_model_name, local_engines
 
     with tempfile.TemporaryDirectory(prefix="kiln-plan-") as tmp:
         source = open_source(model, Path(tmp), spec.source_format)
-    plan = plan_routes(source.format, spec, default_name=default_model_name(model))
+    plan = plan_routes(source.format, spec, default_name=default_model_name(model), engines=local_engines())
     body = plan.to_dict()
     if as_json:
         out.print_json(json.dumps({"source": source.seen, "plan": body}, default=str))
@@ -294,11 +318,16 @@ def inspect_cmd(model: Path, as_json: bool) -> None:
     if summary.opset:
         out.print("[bold]opset[/]: " + ", ".join(f"{d} {v}" for d, v in summary.opset.items()))
     io = Table(title="inputs and outputs")
-    for col in ("kind", "name", "dtype", "shape"):
+    columns = ["kind", "name", "dtype", "shape"] + (["quantization"] if summary.quantization else [])
+    for col in columns:
         io.add_column(col)
     for kind, tensors in (("input", summary.inputs), ("output", summary.outputs)):
         for t in tensors:
-            io.add_row(kind, t.name, t.dtype, str([d if d is not None else "?" for d in t.shape]))
+            row = [kind, t.name, t.dtype, str([d if d is not None else "?" for d in t.shape])]
+            if summary.quantization:
+                q = summary.quantization.get(t.name)
+                row.append(f"scale {q['scale']:.6g}, zero point {q['zero_point']}" if q else "")
+            io.add_row(*row)
     out.print(io)
     if summary.ops:
         hist = Table(title=f"operators ({sum(summary.ops.values())} nodes)")
@@ -381,7 +410,13 @@ def schema_cmd() -> None:
     out.print_json(json.dumps(spec_json_schema()))
 
 
-for _command in (*service_commands.COMMANDS, *secrets_commands.COMMANDS, *tune_command.COMMANDS, remote.jobs_group):
+for _command in (
+    *service_commands.COMMANDS,
+    *secrets_commands.COMMANDS,
+    *tune_command.COMMANDS,
+    *verify_command.COMMANDS,
+    remote.jobs_group,
+):
     main.add_command(_command)
 
 

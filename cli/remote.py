@@ -33,6 +33,7 @@ LOCAL_TARGET_KEYS = (
     "parity",
     "benchmark",
     "vs_fp32",
+    "evaluation",
     "published",
     "artifact",
     "warnings",
@@ -94,6 +95,20 @@ def _calibration(spec: dict[str, Any]) -> Path | None:
     return calib
 
 
+def _evaluation(spec: dict[str, Any]) -> Path | None:
+    """Return the labelled data file the spec's ``evaluation.data`` names: it goes up as the `evaluation` part."""
+    section = spec.get("evaluation")
+    if not isinstance(section, dict) or section.get("data") is None:
+        return None
+    path = section["data"]
+    data = Path(str(path))
+    if not data.is_file():
+        raise InvalidSpec(f"evaluation data {data} is not a file", hint="--evaluation takes an .npz on this machine.")
+    # The server names the stored upload; the spec keeps the file's own name, as an upload has it.
+    section["data"] = data.name
+    return data
+
+
 def compile_remote(
     server: str,
     token: str | None,
@@ -110,11 +125,12 @@ def compile_remote(
     """Run `kiln compile` on ``server``: upload, follow the job's events, print the summary, exit as a local run."""
     _local_only(repo, cache_dir)
     calibration = _calibration(spec)
+    evaluation = _evaluation(spec)
     with _connect(server, token) as client:
         if dry_run:
             _print_remote_plan(client, model, spec, as_json)
             return
-        job = client.compile(model, spec, calibration, wait=False, cache=use_cache)
+        job = client.compile(model, spec, calibration, evaluation=evaluation, wait=False, cache=use_cache)
         printer = event_printer(progress_lines=True)
         _follow(job, None if quiet else lambda event: printer(event.data))
     targets = {name: local_target(t) for name, t in job.targets.items()}
@@ -146,8 +162,9 @@ def tune_remote(
     """
     _local_only(repo, cache_dir)
     calibration = _calibration(spec)
+    evaluation = _evaluation(spec)
     with _connect(server, token) as client:
-        job = client.tune(model, tune, spec, calibration, wait=False, cache=use_cache)
+        job = client.tune(model, tune, spec, calibration, evaluation=evaluation, wait=False, cache=use_cache)
         _follow(job, _print_progress_line)
     return job
 

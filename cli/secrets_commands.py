@@ -3,8 +3,8 @@
 Writes, into directories that compose keeps in named volumes:
 
 - ``--kiln-dir`` (read by every Kiln process through ``KILN_SECRETS_DIR``, files 0600):
-  ``KILN_ADMIN_TOKEN``, ``KILN_SESSION_SECRET``, ``KILN_S3_SECRET_ACCESS_KEY`` and
-  ``KILN_DATABASE_URL``;
+  ``KILN_ADMIN_TOKEN``, ``KILN_SESSION_SECRET``, ``KILN_SIGNING_KEY`` (the EC private key that
+  signs every published version), ``KILN_S3_SECRET_ACCESS_KEY`` and ``KILN_DATABASE_URL``;
 - ``--postgres-dir``: ``POSTGRES_PASSWORD`` (PostgreSQL's ``POSTGRES_PASSWORD_FILE``);
 - ``--s3-dir``: ``MINIO_ROOT_PASSWORD`` (MinIO's ``MINIO_ROOT_PASSWORD_FILE``).
 
@@ -12,7 +12,8 @@ Random values are made once and kept, so a restart changes nothing; a password g
 environment (``POSTGRES_PASSWORD``, ``MINIO_ROOT_PASSWORD``, ``KILN_S3_SECRET_ACCESS_KEY``)
 is taken instead. ``KILN_DATABASE_URL`` is rewritten every start from ``KILN_DATABASE_URL``
 when given (an external database), else from ``POSTGRES_USER`` / ``POSTGRES_DB`` and the
-password. The admin token is printed once, when it is made.
+password. The admin token is printed once, when it is made; the signing key never is
+(``kiln secrets public-key`` prints its public half, what verifiers need).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import click
 
 from cli.common import handle_errors
 
-__all__ = ["COMMANDS", "secrets_group"]
+__all__ = ["COMMANDS", "public_key", "secrets_group"]
 
 
 def _write(path: Path, value: str, mode: int) -> None:
@@ -57,6 +58,12 @@ def admin_token() -> str:
     return f"kiln_{secrets.token_hex(4)}_{secrets.token_urlsafe(32)}"
 
 
+def _signing_key() -> str:
+    from services.repository.signing_keys import generate_signing_key
+
+    return generate_signing_key().decode()
+
+
 @click.group("secrets")
 def secrets_group() -> None:
     """The deployment's generated secrets (what compose's secrets-init runs)."""
@@ -77,6 +84,7 @@ def secrets_init(kiln_dir: Path, postgres_dir: Path | None, s3_dir: Path | None,
             os.chmod(d, mode)
     token, made = _kept(kiln_dir / "KILN_ADMIN_TOKEN", None, admin_token(), 0o600)
     _kept(kiln_dir / "KILN_SESSION_SECRET", None, secrets.token_urlsafe(32), 0o600)
+    _kept(kiln_dir / "KILN_SIGNING_KEY", env.get("KILN_SIGNING_KEY"), _signing_key(), 0o600)
     s3_given = env.get("MINIO_ROOT_PASSWORD") or env.get("KILN_S3_SECRET_ACCESS_KEY")
     s3_secret, _ = _kept(kiln_dir / "KILN_S3_SECRET_ACCESS_KEY", s3_given, secrets.token_urlsafe(24), 0o600)
     if s3_dir is not None:
@@ -98,6 +106,18 @@ def secrets_init(kiln_dir: Path, postgres_dir: Path | None, s3_dir: Path | None,
         click.echo("Make per-team tokens with: kiln token create NAME --tenant TEAM --scope write")
     else:
         click.echo("Kiln secrets present; the admin token is the one shown at first start.")
+
+
+@secrets_group.command("public-key")
+@handle_errors
+def public_key() -> None:
+    """Print the public half of the signing key (KILN_SIGNING_KEY) in PEM, for `kiln verify --key`."""
+    from services.repository.signing_keys import signing_key_from_settings
+    from services.settings import get_settings
+
+    key = signing_key_from_settings(get_settings())
+    click.echo(key.public.pem.decode(), nl=False)
+    click.echo(f"# key id {key.key_id} ({key.source})", err=True)
 
 
 #: What cli.main registers.

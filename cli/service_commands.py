@@ -270,13 +270,30 @@ def token_group() -> None:
     help="The tenant (team) the token acts for: it sees and changes only that tenant's jobs, logs, "
     "artifacts and model names.",
 )
+@click.option(
+    "--max-running",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Jobs of the tenant that run at once when this token submits them (default KILN_TENANT_MAX_RUNNING_JOBS).",
+)
+@click.option(
+    "--max-queued",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Jobs of the tenant waiting to start past which this token's submissions get 429 QUOTA_EXCEEDED "
+    "(default KILN_TENANT_MAX_QUEUED_JOBS).",
+)
 @handle_errors
-def token_create(name: str, scopes: tuple[str, ...], tenant: str) -> None:
+def token_create(
+    name: str, scopes: tuple[str, ...], tenant: str, max_running: int | None, max_queued: int | None
+) -> None:
     """Create a token NAME of TENANT and print it once (only its hash is stored)."""
     from services.jobs.db import database_url
     from services.jobs.tokens import TokenStore
 
-    token = TokenStore(database_url(_settings())).create_token(name, scopes or ("read", "write"), tenant)
+    token = TokenStore(database_url(_settings())).create_token(
+        name, scopes or ("read", "write"), tenant, max_running_jobs=max_running, max_queued_jobs=max_queued
+    )
     click.echo(token)  # plain: scripts capture it
 
 
@@ -303,7 +320,8 @@ def token_list() -> None:
 
     for t in TokenStore(database_url(_settings())).list_tokens():
         state = f"revoked {t.revoked_at:%Y-%m-%d}" if t.revoked_at else "active"
-        out.print(f"{t.name}\t{t.tenant}\t{t.scopes}\t{state}")
+        quota = f"running {t.max_running_jobs or 'default'}, queued {t.max_queued_jobs or 'default'}"
+        out.print(f"{t.name}\t{t.tenant}\t{t.scopes}\t{state}\t{quota}")
 
 
 #: What cli.main registers.

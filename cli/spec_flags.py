@@ -8,7 +8,7 @@ from typing import Any
 
 from services.errors import InvalidSpec
 
-__all__ = ["parse_input_flag", "spec_from_flags"]
+__all__ = ["evaluation_flags", "parse_input_flag", "spec_from_flags"]
 
 
 def parse_input_flag(text: str) -> tuple[str, dict[str, Any]]:
@@ -39,6 +39,11 @@ def spec_from_flags(
     inputs: tuple[str, ...] = (),
     max_batch_size: int | None = None,
     serving_root: str | None = None,
+    *,
+    evaluation: Path | None = None,
+    eval_metric: str | None = None,
+    eval_output: str | None = None,
+    max_drop: float | None = None,
 ) -> dict[str, Any]:
     """Return the spec as JSON data: the ``--spec`` file's, with the flags over it (not validated yet)."""
     try:
@@ -66,4 +71,35 @@ def spec_from_flags(
         data["calibration"] = str(calibration)
     if no_benchmark:
         data["benchmark"] = False
+    evaluation_flags(data, evaluation, eval_metric, eval_output, max_drop)
     return data
+
+
+def evaluation_flags(
+    data: dict[str, Any],
+    evaluation: Path | None,
+    metric: str | None,
+    output: str | None,
+    max_drop: float | None,
+) -> None:
+    """Put --evaluation, --eval-metric, --eval-output and --max-drop over the spec's ``evaluation``."""
+    given: dict[str, Any] = {
+        k: v
+        for k, v in (("data", str(evaluation) if evaluation else None), ("metric", metric), ("output", output))
+        if v is not None
+    }
+    if max_drop is not None:
+        given["max_drop"] = max_drop
+    if not given:
+        return
+    section = data.get("evaluation")
+    if section is not None and not isinstance(section, dict):
+        return  # the spec's own validation names the field
+    section = {**(section or {}), **given}
+    if "data" not in section:
+        raise InvalidSpec(
+            "--eval-metric, --eval-output and --max-drop set up an evaluation, but no labelled data was given",
+            hint="Add --evaluation eval.npz (inputs by input name and `labels`), or `evaluation.data` in --spec.",
+            errors=[{"field": "evaluation.data", "problem": "missing"}],
+        )
+    data["evaluation"] = section

@@ -18,6 +18,7 @@ from cli.common import console, exit_status, out
 __all__ = [
     "compile_json",
     "event_printer",
+    "fmt_evaluation",
     "fmt_parity",
     "print_failures",
     "print_summary",
@@ -78,6 +79,21 @@ def fmt_parity(parity: Mapping[str, Any] | None) -> str:
     return text + (f" top1 {min(top1):.0%}" if top1 else "")
 
 
+def fmt_evaluation(evaluation: Mapping[str, Any] | None) -> str:
+    """Return a target's task accuracy as the summary shows it: ``top1 0.904 (source 0.917, drop 0.013 ≤ 0.02)``."""
+    if not evaluation or "passed" not in evaluation:
+        return "-"
+    if evaluation.get("drop") is None:  # the artifact's output was NaN or infinite
+        return f"[red]{evaluation['metric']} not a number[/]"
+    ok = evaluation.get("passed")
+    sign = "≤" if ok else ">"
+    text = (
+        f"{evaluation['metric']} {evaluation['artifact']:.4f} (source {evaluation['source']:.4f}, "
+        f"drop {evaluation['drop']:.4f} {sign} {evaluation['max_drop']:g})"
+    )
+    return text if ok else f"[red]{text}[/]"
+
+
 def _summary_rows(targets: Iterable[Mapping[str, Any]]) -> list[dict[str, str]]:
     rows = []
     for t in targets:
@@ -101,7 +117,7 @@ def _summary_rows(targets: Iterable[Mapping[str, Any]]) -> list[dict[str, str]]:
         where = t["published"]["uri"] if t.get("published") else "-"
         rows.append(
             {"target": t["target"], "status": status, "route": t["route"], "parity": fmt_parity(t.get("parity")),
-             "p50 latency": latency, "artifact": where}
+             "accuracy": fmt_evaluation(t.get("evaluation")), "p50 latency": latency, "artifact": where}
         )  # fmt: skip
     return rows
 
@@ -114,11 +130,14 @@ def summary_table(
     At 120 columns and more the table holds every column. Narrower, route and artifact go
     under the table, one target each, printed without folding so a path stays one string.
     """
+    targets = list(targets)
     rows = _summary_rows(targets)
     wide = (width or out.width) >= WIDE_SUMMARY
     columns = ["target", "status", "route", "parity", "p50 latency", "artifact"]
     if not wide:
         columns = ["target", "status", "parity", "p50 latency"]
+    if any(t.get("evaluation") for t in targets):  # only a job with labelled data has the column
+        columns.insert(columns.index("parity") + 1, "accuracy")
     table = Table(title=f"kiln job {job_id}")
     for col in columns:
         table.add_column(col, overflow="fold", no_wrap=col in ("target", "p50 latency"))
@@ -139,8 +158,26 @@ def print_summary(job_id: str, targets: Sequence[Mapping[str, Any]]) -> None:
 
 def print_warnings(targets: Iterable[Mapping[str, Any]]) -> None:
     for t in targets:
+        line = device_check_line(t.get("device_check"))
+        if line:
+            out.print(f"[green]GPU[/] {t['target']}: {line}", soft_wrap=True)
         for warning in t.get("warnings") or []:
             out.print(f"[yellow]warning[/] {t['target']}: {warning}", soft_wrap=True)
+
+
+def device_check_line(check: Mapping[str, Any] | None) -> str | None:
+    """Return the line saying which GPU checked a GPU-bound target (None: not checked on one; its warning says so)."""
+    if not check or check.get("checked_on") != "gpu":
+        return None
+    gpu = check.get("device") or {}
+    said = (
+        f"checked on {gpu.get('name')} ({gpu.get('arch')}, {gpu.get('memory_mib')} MiB, driver {gpu.get('driver')}, "
+        f"CUDA {gpu.get('cuda')}) with {check.get('runtime')}: parity {fmt_parity(check.get('parity'))}"
+    )
+    bench = check.get("benchmark") or []
+    if bench:
+        said += f", p50 {bench[0]['p50_ms']:.3f} ms at batch {bench[0]['batch_size']}"
+    return said + f", loaded in {check.get('load_ms')} ms"
 
 
 def print_failures(targets: Sequence[Mapping[str, Any]]) -> None:

@@ -14,7 +14,7 @@ import click
 from rich.table import Table
 
 from cli.common import EXIT_FAILED, console, handle_errors, out
-from cli.spec_flags import parse_input_flag
+from cli.spec_flags import evaluation_flags, parse_input_flag
 
 __all__ = ["COMMANDS", "tune_cmd"]
 
@@ -58,6 +58,12 @@ def _settings(s: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in s.items()) or "-"
 
 
+def _accuracy(evaluation: dict[str, Any] | None) -> str:
+    if not evaluation or evaluation.get("artifact") is None:
+        return "-"
+    return f"{evaluation['metric']} {evaluation['artifact']:.4f} (drop {evaluation['drop']:.4f})"
+
+
 def _print_report(body: dict[str, Any], show_profile: bool) -> None:
     rec = body["recommendation"]
     table = Table(title=f"candidates ({body['objective']}, batch {','.join(map(str, body['batches']))})")
@@ -74,6 +80,9 @@ def _print_report(body: dict[str, Any], show_profile: bool) -> None:
         "note",
     ):
         table.add_column(col, overflow="fold")
+    floor = any(c.get("evaluation") for c in body["candidates"])
+    if floor:
+        table.add_column("accuracy", overflow="fold")
     for c in body["candidates"]:
         chosen = rec is not None and c["id"] == rec["id"]
         note = "★ recommended" if chosen else (c["reason"] or "; ".join(c["violations"]) or "")
@@ -88,6 +97,7 @@ def _print_report(body: dict[str, Any], show_profile: bool) -> None:
             _ms(c["p99_ms"]),
             "-" if c["throughput"] is None else f"{c['throughput']:.0f}",
             note[:80],
+            *([_accuracy(c.get("evaluation"))] if floor else []),
         )
     out.print(table)
     seen = set()
@@ -192,6 +202,18 @@ def _print_serving(serving: dict[str, Any] | None) -> None:
 @click.option("--spec", "spec_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="CompileSpec JSON (inputs, tolerances...).")  # fmt: skip
 @click.option("--input", "inputs", multiple=True, metavar="NAME:SHAPE", help="An input's shape (repeatable).")
 @click.option("--calibration", type=click.Path(exists=True, dir_okay=False, path_type=Path), help=".npz for int8.")
+@click.option(
+    "--evaluation",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Labelled .npz (inputs + `labels`): an accuracy floor; a candidate losing more than --max-drop is out.",
+)
+@click.option(
+    "--eval-metric",
+    type=click.Choice(["top1", "topk", "top1_per_position", "mse", "mae", "iou"]),
+    help="The --evaluation metric (default top1).",
+)
+@click.option("--eval-output", metavar="NAME", help="The output --evaluation scores (needed with several outputs).")
+@click.option("--max-drop", type=click.FloatRange(min=0), help="Most accuracy a candidate may lose (default 0.01).")
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), help="Artifact cache (default ~/.cache/kiln).")  # fmt: skip
 @click.option("--no-cache", is_flag=True, help="Run every step even when its output is cached.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
@@ -221,6 +243,10 @@ def tune_cmd(
     spec_file: Path | None,
     inputs: tuple[str, ...],
     calibration: Path | None,
+    evaluation: Path | None,
+    eval_metric: str | None,
+    eval_output: str | None,
+    max_drop: float | None,
     cache_dir: Path | None,
     no_cache: bool,
     as_json: bool,
@@ -249,6 +275,7 @@ def tune_cmd(
         spec_data.setdefault("inputs", {})[input_name] = fields
     if calibration:
         spec_data["calibration"] = str(calibration)
+    evaluation_flags(spec_data, evaluation, eval_metric, eval_output, max_drop)
     req = TuneRequest(
         model=model,
         objective=objective,

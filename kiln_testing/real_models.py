@@ -33,6 +33,7 @@ from __future__ import annotations
 
 __all__ = [
     "DEFAULT_CACHE",
+    "FILE_KINDS",
     "MODELS",
     "AudioFeed",
     "BytesFeed",
@@ -45,6 +46,7 @@ __all__ = [
     "check",
     "default_cache_dir",
     "fetch",
+    "file_of_kind",
     "get",
     "realistic_inputs",
     "run_reference",
@@ -115,7 +117,7 @@ class RealModel:
     package: str
     version: str
     members: tuple[Member, ...]
-    format: str  # onnx | tflite | torchscript | paddle | huggingface
+    format: str  # onnx | tflite | savedmodel | torchscript | paddle | huggingface
     task: str  # classifier | detector | ocr-recogniser | text-encoder | audio | landmarks | segmenter
     description: str
     inputs: tuple[TensorSpec, ...]
@@ -534,9 +536,17 @@ def _zip(rng: np.random.Generator) -> bytes:
     return buf.getvalue()
 
 
+#: What each kind of :func:`file_of_kind` is, in magika's own content-type names.
+FILE_KINDS = ("python", "json", "html", "csv", "markdown", "shell", "c", "png", "zip", "gzip", "pdf", "elf")
+
+
 def _file_bytes(rng: np.random.Generator) -> bytes:
     """Return the bytes of a plausible file: source code, markup, data, archive or binary."""
-    k = int(rng.integers(12))
+    return file_of_kind(rng, int(rng.integers(len(FILE_KINDS))))
+
+
+def file_of_kind(rng: np.random.Generator, k: int) -> bytes:
+    """Return the bytes of a plausible file of kind ``FILE_KINDS[k]``."""
     lines = int(rng.integers(5, 120))
     if k == 0:
         body = "\n".join(
@@ -645,10 +655,14 @@ class AudioFeed:
     state: str | None = "state"
     state_shape: tuple[int, int] = (2, 128)
     sr: str | None = "sr"
+    #: a trailing channel axis of one: ``[batch, samples, 1]`` (basic-pitch)
+    channel: bool = False
 
     def __call__(self, n: int, rng: np.random.Generator, path: Path) -> dict[str, np.ndarray]:
         audio = np.stack([_speech_like(rng, self.samples, self.sample_rate) for _ in range(n)])
         out = {self.input: np.concatenate([np.zeros((n, self.context), np.float32), audio], axis=1)}
+        if self.channel:
+            out[self.input] = out[self.input][..., None]
         if self.state is not None:
             out[self.state] = np.zeros((self.state_shape[0], n, self.state_shape[1]), np.float32)
         if self.sr is not None:
@@ -876,6 +890,11 @@ MODELS: tuple[RealModel, ...] = (
             Member(
                 "magika/models/standard_v3_3/model.onnx",
                 "fe2d2eb49c5f88a9e0a6c048e15d6ffdf86235519c2afc535044de433169ec8c",
+            ),
+            # Its label space (target_labels_space: the class of each output index), for labelled data.
+            Member(
+                "magika/models/standard_v3_3/config.min.json",
+                "ae24c742205358f6ff6dfd5facb6743fb69743dbba8373e73da58ff0cbd695db",
             ),
         ),
         format="onnx",
@@ -1127,6 +1146,62 @@ MODELS: tuple[RealModel, ...] = (
         feeds=TokenFeed(vocab_size=None),
         wheel_mib=79.6,
     ),
+    RealModel(
+        name="basic-pitch-tflite",
+        package="basic-pitch",
+        version="0.4.0",
+        members=(
+            Member(
+                "basic_pitch/saved_models/icassp_2022/nmp.tflite",
+                "3db297d54af8e01c6e5618245c956b1d71b6a2b978cb2dedb527173186552676",
+            ),
+        ),
+        format="tflite",
+        task="audio",
+        description="Spotify's basic-pitch (ICASSP 2022): note, onset and pitch-contour posteriorgrams of 2 s of "
+        "22.05 kHz mono audio (43844 samples). Its signature lists contour, note, onset; its subgraph's outputs "
+        "are onset, note, contour: a converter that pairs by position swaps them.",
+        inputs=(_t("serving_default_input_2:0", ("batch", 43844, 1)),),
+        outputs=(
+            _t("StatefulPartitionedCall:0", ("batch", 172, 264)),
+            _t("StatefulPartitionedCall:1", ("batch", 172, 88)),
+            _t("StatefulPartitionedCall:2", ("batch", 172, 88)),
+        ),
+        feeds=AudioFeed("serving_default_input_2:0", 43844, sample_rate=22050, state=None, sr=None, channel=True),
+        wheel_mib=0.7,
+    ),
+    RealModel(
+        name="basic-pitch-savedmodel",
+        package="basic-pitch",
+        version="0.4.0",
+        members=(
+            Member(
+                "basic_pitch/saved_models/icassp_2022/nmp/saved_model.pb",
+                "eaa25c91c431c91100c416a2c018663f4c635f28fa19529c4ff5e14c18aa29c9",
+            ),
+            Member(
+                "basic_pitch/saved_models/icassp_2022/nmp/variables/variables.data-00000-of-00001",
+                "f5d12cd7245fecea0c956c963751f3519c263615ea954b5948d5e8c9c3376f9b",
+            ),
+            Member(
+                "basic_pitch/saved_models/icassp_2022/nmp/variables/variables.index",
+                "356aa1a00095cf2dba17386144e8b289cb04195ae090aa7f324312b08220115e",
+            ),
+        ),
+        entry="basic_pitch/saved_models/icassp_2022/nmp",
+        format="savedmodel",
+        task="audio",
+        description="basic-pitch as the SavedModel it was exported from (serving_default: input_2 -> contour, "
+        "note, onset).",
+        inputs=(_t("input_2", ("batch", 43844, 1)),),
+        outputs=(
+            _t("contour", ("batch", 172, 264)),
+            _t("note", ("batch", 172, 88)),
+            _t("onset", ("batch", 172, 88)),
+        ),
+        feeds=AudioFeed("input_2", 43844, sample_rate=22050, state=None, sr=None, channel=True),
+        wheel_mib=0.7,
+    ),
 )
 
 _BY_NAME = {m.name: m for m in MODELS}
@@ -1346,9 +1421,17 @@ def _run_huggingface(model: RealModel, path: Path, feeds: Mapping[str, np.ndarra
     return {s.name: out[s.name].numpy() for s in model.outputs}
 
 
+def _run_savedmodel(model: RealModel, path: Path, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    import tensorflow as tf
+
+    fn = tf.saved_model.load(str(path)).signatures["serving_default"]
+    return {k: v.numpy() for k, v in fn(**{k: tf.constant(v) for k, v in feeds.items()}).items()}
+
+
 _RUNNERS: dict[str, Callable[[RealModel, Path, Mapping[str, np.ndarray]], dict[str, np.ndarray]]] = {
     "onnx": _run_onnx,
     "tflite": _run_tflite,
+    "savedmodel": _run_savedmodel,
     "torchscript": _run_torchscript,
     "paddle": _run_paddle,
     "huggingface": _run_huggingface,

@@ -53,22 +53,10 @@ KNOWN_LIMITS: dict[tuple[str, str, str], str] = {
     ("LSTM", "tflite", "CONVERSION_FAILED"): _ONNX2TF_LSTM,
     ("LSTM", "tfserving", "CONVERSION_FAILED"): _ONNX2TF_LSTM,
     ("LSTM", "tvm", "CONVERSION_FAILED"): "TVM 0.27's Relax ONNX frontend has no LSTM operator",
-    ("HF checkpoint", "ncnn", "CONVERSION_FAILED"): "pnnx leaves the attention-mask and embedding operators of "
-    "transformers' exports (Gather, GatherND, where, logical_and, Tensor.to) as layers ncnn does not have; on BERT "
-    "pnnx's own shape inference feeds out-of-range ids to the embedding Gather",
 }
 
 #: Failures diagnosed as bugs (not fixed here), each with what goes wrong.
-_TVM_DYNAMIC = (
-    "TVM 0.27's Relax ONNX importer cannot infer Reshape/shape_of over the open batch and sequence axes Kiln keeps "
-    "(transformers' exports); compiling tvm at pinned shapes (inputs.<name>.shape) is the likely fix, not made"
-)
-
 KNOWN_BUGS: dict[tuple[str, str, str], str] = {
-    ("HF checkpoint", "tvm", "CONVERSION_FAILED"): _TVM_DYNAMIC,
-    ("ViT tiny", "tvm", "CONVERSION_FAILED"): _TVM_DYNAMIC,
-    ("ConvNeXtTiny", "tvm", "CONVERSION_FAILED"): "TVM 0.27's ONNX importer refuses tf2onnx's Reshape whose new "
-    "shape is a computed tensor (not a constant Shape)",
     ("LSTM", "mnn", "CONVERSION_FAILED"): "MNNConvert 3.6.1 dies with SIGSEGV on an ONNX LSTM whose unused optional "
     "outputs Y_h, Y_c Kiln's optimiser dropped (DeadCode, EliminateNoOps; valid ONNX, the raw export converts)",
 }

@@ -7,11 +7,13 @@ status through :data:`HTTP_STATUS` in a single handler. No traceback reaches a u
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
 __all__ = [
     "HTTP_STATUS",
+    "AccuracyDropExceeded",
     "Cancelled",
     "ConversionFailed",
     "EngineUnavailable",
@@ -25,6 +27,7 @@ __all__ = [
     "NoRoute",
     "NotFound",
     "ParityFailed",
+    "QuotaExceeded",
     "RepositoryConflict",
     "ServiceUnavailable",
     "SlowerThanFp32",
@@ -38,6 +41,7 @@ __all__ = [
     "UnsupportedOps",
     "UploadTooLarge",
     "install_formats_hint",
+    "tool_said",
 ]
 
 
@@ -159,6 +163,17 @@ class ParityFailed(KilnError):
     )
 
 
+class AccuracyDropExceeded(KilnError):
+    """An artifact scores worse than its source on the spec's labelled data by more than ``evaluation.max_drop``."""
+
+    code = "ACCURACY_DROP_EXCEEDED"
+    default_hint = (
+        "The artifact loses more task accuracy on your labelled data than evaluation.max_drop allows (both scores "
+        "are in details.evaluation): compile at a higher precision, give calibration data closer to real inputs, "
+        "or raise max_drop if the loss is acceptable."
+    )
+
+
 class SlowerThanFp32(KilnError):
     code = "SLOWER_THAN_FP32"
     default_hint = (
@@ -230,6 +245,14 @@ class IdempotencyKeyReused(KilnError):
     )
 
 
+class QuotaExceeded(KilnError):
+    code = "QUOTA_EXCEEDED"
+    default_hint = (
+        "This tenant has as many jobs waiting to start as its quota allows (GET /quota shows it): wait for "
+        "some to start, or cancel one, then submit again."
+    )
+
+
 class UnsupportedOps(KilnError):
     code = "UNSUPPORTED_OPS"
     default_hint = "The target engine cannot import some of the model's operators; the list is in the details."
@@ -248,6 +271,7 @@ _BY_CODE: dict[str, type[KilnError]] = {
         EngineUnavailable,
         ConversionFailed,
         ParityFailed,
+        AccuracyDropExceeded,
         NoCandidate,
         Timeout,
         Cancelled,
@@ -260,6 +284,7 @@ _BY_CODE: dict[str, type[KilnError]] = {
         UnsupportedOps,
         StorageFull,
         IdempotencyKeyReused,
+        QuotaExceeded,
     )
 }
 
@@ -276,6 +301,7 @@ HTTP_STATUS: dict[str, int] = {
     "ENGINE_UNAVAILABLE": 503,
     "CONVERSION_FAILED": 500,
     "PARITY_FAILED": 500,
+    "ACCURACY_DROP_EXCEEDED": 500,
     "SLOWER_THAN_FP32": 500,
     "NO_CANDIDATE": 422,
     "TIMEOUT": 504,
@@ -290,8 +316,59 @@ HTTP_STATUS: dict[str, int] = {
     "INTERNAL": 500,
     "STORAGE_FULL": 507,
     "IDEMPOTENCY_KEY_REUSED": 409,
+    "QUOTA_EXCEEDED": 429,
     # The web framework's own refusals (api/errors.py FRAMEWORK_CODES), before any Kiln code runs.
     "MALFORMED_REQUEST": 400,
     "METHOD_NOT_ALLOWED": 405,
     "UNSUPPORTED_MEDIA_TYPE": 415,
 }
+
+
+#: A line that names a failure, in what converters print (pnnx, onnx2tf, MNNConvert, ...).
+_FAILURE_LINE = re.compile(
+    r"error|exception|fail|cannot|can't|could not|unsupported|not supported|invalid|not found|"
+    r"is not|no such|out of range|mismatch|abort",
+    re.I,
+)
+
+
+def tool_said(text: str, exc: BaseException | None = None, *, context: int = 2, limit: int = 700) -> str:
+    """Return what a tool said about its failure, for an error message: its last lines, and the line naming the failure.
+
+    One line cut out of a tool's output often names nothing (pnnx's ``" is not output of
+    any previous nodes."``, tf2onnx's ``list index out of range``): the last line is kept with
+    the ``context`` lines before it, joined by `` | ``, and when none of them names a failure
+    the last line that does is put in front. For an exception, its type and the innermost
+    frame that raised it are added. The whole output stays in the error's ``output_tail``.
+    """
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    if lines:
+        tail = lines[-(context + 1) :]
+        said = " | ".join(tail)
+        if not any(_FAILURE_LINE.search(ln) for ln in tail):
+            named = [ln for ln in lines[: -len(tail)] if _FAILURE_LINE.search(ln)]
+            if named:
+                said = f"{named[-1]} | … | {said}"
+    else:
+        said = type(exc).__name__ if exc is not None else "it printed nothing"
+    if exc is not None:
+        name = type(exc).__name__
+        if not said.startswith(name) and f"{name}:" not in said:
+            said = f"{name}: {said}"
+        frame = _innermost_frame(exc)
+        if frame:
+            said += f" (raised at {frame})"
+    return said if len(said) <= limit else "…" + said[-limit:]
+
+
+def _innermost_frame(exc: BaseException) -> str | None:
+    """Return ``file:line in function`` of the frame that raised ``exc`` (its package-relative path)."""
+    tb = exc.__traceback__
+    if tb is None:
+        return None
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    code = tb.tb_frame.f_code
+    parts = code.co_filename.replace("\\", "/").split("/")
+    short = "/".join(parts[-2:]) if len(parts) > 1 else parts[-1]
+    return f"{short}:{tb.tb_lineno} in {code.co_name}"

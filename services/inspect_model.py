@@ -26,14 +26,23 @@ class ModelSummary:
     opset: dict[str, int] = field(default_factory=dict)
     ops: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    #: Tensor name -> {"scale", "zero_point"}, for inputs and outputs the file stores as quantised integers.
+    quantization: dict[str, dict[str, float | int]] = field(default_factory=dict)
+
+    def tensor_dict(self, t: TensorSpec) -> dict[str, Any]:
+        """Return a tensor as the file declares it: its dtype, and the scale and zero point of a quantised one."""
+        d = t.to_dict()
+        if t.name in self.quantization:
+            d["quantization"] = self.quantization[t.name]
+        return d
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": self.format,
             "seen": self.seen,
             "sha256": self.sha256,
-            "inputs": [t.to_dict() for t in self.inputs],
-            "outputs": [t.to_dict() for t in self.outputs],
+            "inputs": [self.tensor_dict(t) for t in self.inputs],
+            "outputs": [self.tensor_dict(t) for t in self.outputs],
             "opset": self.opset,
             "ops": self.ops,
             "notes": self.notes,
@@ -82,6 +91,7 @@ def inspect_model(path: Path, work_dir: Path, override: Format | None = None) ->
     """Return a summary of the model at ``path`` (its format detected from content)."""
     source = open_source(path, work_dir, override)
     notes: list[str] = []
+    quantization: dict[str, dict[str, float | int]] = {}
     opset: dict[str, int] = {}
     ops: dict[str, int] = {}
     if source.format is Format.ONNX:
@@ -94,8 +104,16 @@ def inspect_model(path: Path, work_dir: Path, override: Format | None = None) ->
             ops = _ir_ops(source.path)
         try:
             runner = open_runner(source.format, source.path)
-            inputs, outputs = runner.inputs, runner.outputs
+            # As the file declares them (a runner may exchange floats and quantise at the boundary).
+            declared = runner.io_contract()
             runner.close()
+            inputs = [TensorSpec.from_dict(t) for t in declared["inputs"]]
+            outputs = [TensorSpec.from_dict(t) for t in declared["outputs"]]
+            quantization = {
+                t["name"]: dict(t["quantization"])
+                for t in [*declared["inputs"], *declared["outputs"]]
+                if t.get("quantization")
+            }
         except (EngineUnavailable, InvalidSpec) as exc:
             # A scripted TorchScript has no recorded shapes; inspect has no spec to give it.
             inputs, outputs = [], []
@@ -109,4 +127,5 @@ def inspect_model(path: Path, work_dir: Path, override: Format | None = None) ->
         opset=opset,
         ops=ops,
         notes=notes,
+        quantization=quantization,
     )

@@ -154,6 +154,13 @@ class Settings(BaseSettings):
         description="Directory of the host's step/benchmark locks; workers sharing it benchmark one at a time with "
         "no other step running. Empty = kiln-host-<uid> in the system temp dir.",
     )
+    # Read by the step code from the environment, like host_lock_dir: services/tvm/_tuning.py.
+    tvm_tuning_dir: str = Field(
+        default="",
+        description="The TVM tuning database steps share: one folder per tuned kernel (keyed by its content and the "
+        "CPU target), reused by every later tvm job that meets the same kernel. Empty = kiln-tvm-tuning-<uid> in "
+        "/var/tmp.",
+    )
     bench_quiet_wait: float = Field(
         default=BENCH_QUIET_WAIT,
         ge=0,
@@ -166,12 +173,50 @@ class Settings(BaseSettings):
     step_stale_after: float = Field(
         default=60.0, gt=0, description="Seconds without a heartbeat after which a running step is requeued."
     )
+    # --- fair sharing between tenants (services/jobs/quotas.py; a token may carry its own) ---
+    tenant_max_running_jobs: int = Field(
+        default=4,
+        ge=1,
+        description="Jobs of one tenant that run at once; its further jobs wait, queued, until one ends "
+        "(`kiln token create --max-running` sets it per token).",
+    )
+    tenant_max_queued_jobs: int = Field(
+        default=50,
+        ge=1,
+        description="Jobs of one tenant waiting to start; a submission past it is refused with 429 QUOTA_EXCEEDED "
+        "(`kiln token create --max-queued` sets it per token).",
+    )
     # --- untrusted models (docs/security.md) ---
     sandbox: Literal["auto", "bwrap", "landlock", "off"] = Field(
         default="auto",
         description="How steps that load or run a user's model are confined (services/sandbox): auto = the "
         "strongest this host allows (bubblewrap namespaces with Landlock per step, else Landlock alone); bwrap or "
         "landlock = require it (refuse to start without); off = run them unconfined.",
+    )
+    step_max_address_space: int = Field(
+        default=0,
+        ge=0,
+        description="Bytes of address space a step process may map (RLIMIT_AS). 0: twice the host's memory, and no "
+        "limit on a worker serving a GPU engine (CUDA maps the device's memory into the address space).",
+    )
+    step_max_cpu_seconds: float = Field(
+        default=0,
+        ge=0,
+        description="CPU seconds (all threads) one step may use; past it the step is stopped (TIMEOUT). "
+        "0: the soft time limit times the host's cores.",
+    )
+    step_max_processes: int = Field(
+        default=2048,
+        ge=16,
+        description="Processes and threads a step's sandbox may run at once (RLIMIT_NPROC): a fork bomb stops there.",
+    )
+    step_max_open_files: int = Field(
+        default=4096, ge=64, description="Files a step process may hold open at once (RLIMIT_NOFILE)."
+    )
+    step_max_output_bytes: int = Field(
+        default=64 * 1024**3,
+        ge=1024**2,
+        description="The largest file a step may write (RLIMIT_FSIZE), and the most its output folder may hold.",
     )
     vet_uploads: bool = Field(
         default=True,
@@ -191,6 +236,34 @@ class Settings(BaseSettings):
         description="`kiln serve`: seconds its own worker may take to start (after each restart). Meanwhile "
         "/readyz answers 503 starting and jobs for its engines are accepted and wait; after that an engine "
         "still missing is reported unavailable.",
+    )
+
+    # --- signed versions (services/repository/signing.py, docs/security.md) ---
+    signing_key: SecretStr = Field(
+        default=SecretStr(""),
+        description="PEM of the EC private key (P-256, P-384 or P-521) that signs every published version with "
+        "OpenSSF model-signing; `kiln secrets init` makes one (KILN_SIGNING_KEY in KILN_SECRETS_DIR). Empty = a "
+        "key generated on first use in <data_dir>/signing-key.pem (development only; production requires it).",
+    )
+    signing_certificate: str = Field(
+        default="",
+        description="Optional PEM of an X.509 certificate for the signing key (key usage: digital signature, or "
+        "extended key usage: code signing). Set, signatures carry it and KILN_SIGNING_CERTIFICATE_CHAIN, and "
+        "verifiers check that chain to a CA they trust (KILN_SIGNING_TRUSTED_CAS, `kiln verify --ca`).",
+    )
+    signing_certificate_chain: str = Field(
+        default="",
+        description="PEM of the certificates between KILN_SIGNING_CERTIFICATE and its root CA, root last (optional).",
+    )
+    signing_trusted_cas: str = Field(
+        default="",
+        description="Comma-separated paths of PEM CA certificates a certificate-signed version must chain to. Empty: "
+        "the last certificate of KILN_SIGNING_CERTIFICATE_CHAIN, else KILN_SIGNING_CERTIFICATE itself.",
+    )
+    signing_trusted_keys: str = Field(
+        default="",
+        description="Comma-separated paths of PEM public keys whose signatures also count as Kiln's (keys that "
+        "signed older versions, before a rotation). The signing key's own public half is always trusted.",
     )
 
     # --- webhooks (the spec's notify; services/webhooks.py) ---
@@ -230,6 +303,8 @@ class Settings(BaseSettings):
                 problems.append("KILN_S3_SECRET_ACCESS_KEY is a default credential")
             if len(self.session_secret.get_secret_value()) < MIN_SECRET_CHARS:
                 problems.append(f"KILN_SESSION_SECRET must be set (at least {MIN_SECRET_CHARS} characters)")
+            if not self.signing_key.get_secret_value().strip():
+                problems.append("KILN_SIGNING_KEY must be set (`kiln secrets init` makes one)")
             admin = self.admin_token.get_secret_value()
             if admin and (len(admin) < MIN_SECRET_CHARS or admin in DEFAULT_PASSWORDS):
                 problems.append(f"KILN_ADMIN_TOKEN must be a generated token (at least {MIN_SECRET_CHARS} characters)")
@@ -248,6 +323,14 @@ class Settings(BaseSettings):
     @property
     def webhook_allowed_networks(self) -> list[str]:
         return _split(self.webhook_allow_networks)
+
+    @property
+    def signing_trusted_key_files(self) -> list[str]:
+        return _split(self.signing_trusted_keys)
+
+    @property
+    def signing_trusted_ca_files(self) -> list[str]:
+        return _split(self.signing_trusted_cas)
 
     @property
     def allowed_host_list(self) -> list[str]:

@@ -32,6 +32,8 @@ __all__ = [
     "MAX_INPUT_BYTES",
     "BenchmarkSpec",
     "CompileSpec",
+    "EvaluationMetric",
+    "EvaluationSpec",
     "InputSpec",
     "NotifyEvent",
     "NotifySpec",
@@ -253,6 +255,21 @@ class ValidationSpec(_Strict):
 
     samples: int = Field(default=8, ge=1, le=1024, description="Number of seeded random samples.")
     seed: int = Field(default=0, ge=0, le=MAX_SEED, description="Seed for the random inputs.")
+    min_unseen_samples: int = Field(
+        default=8,
+        ge=2,
+        le=1024,
+        description="Samples the quantiser never saw that a reduced-precision artifact's parity must rest on. When "
+        "the calibration file holds out fewer, Kiln makes the rest from its rows (mixtures of two rows, perturbations "
+        "within each input's measured range) and says so; generated inputs are made at least this many.",
+    )
+    confidence: float = Field(
+        default=0.95,
+        ge=0.5,
+        le=0.999,
+        description="One-sided confidence of the prediction bound each centred measure gets over the samples; the "
+        "gate decides on its pessimistic end (where the next unseen input may fall).",
+    )
     class_axis: dict[str, Annotated[int, Field(ge=0, le=8)] | None] = Field(
         default_factory=dict,
         description="Per output name: the axis holding class scores for top-1 agreement (in the output's own "
@@ -263,6 +280,58 @@ class ValidationSpec(_Strict):
         default=False,
         description="Also for a passing ONNX-family target (onnxruntime, openvino): find the first node whose "
         "output drifts from the fp32 graph's (a failing one always gets it).",
+    )
+
+
+class EvaluationMetric(str, Enum):
+    """A task metric on labelled data (services/validation/task_metrics.py computes each)."""
+
+    TOP1 = "top1"  # share of samples whose highest score is the label (labels [N])
+    TOPK = "topk"  # share of samples whose label is among the k highest scores (labels [N])
+    TOP1_PER_POSITION = "top1_per_position"  # share of positions right (labels [N, T]; negative = padding)
+    MSE = "mse"  # mean squared error against the labels (lower is better)
+    MAE = "mae"  # mean absolute error against the labels (lower is better)
+    IOU = "iou"  # mean per-sample IoU of the map thresholded at `threshold` with the label masks
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self not in (EvaluationMetric.MSE, EvaluationMetric.MAE)
+
+
+class EvaluationSpec(_Strict):
+    """Task accuracy on labelled data: the source and every artifact scored, the drop bounded by ``max_drop``."""
+
+    data: str = Field(
+        description="An .npz of labelled samples: the inputs as a calibration file holds them (keyed by input name, "
+        "samples on axis 0; or whole feeds keyed '<sample>/<input>') and their labels under `labels` (or "
+        "'<sample>/labels'). Uploaded as the `evaluation` part of POST /compile.",
+    )
+    metric: EvaluationMetric = Field(
+        default=EvaluationMetric.TOP1,
+        description="top1 or topk (labels: a class index per sample), top1_per_position (sequence logits; labels: "
+        "a class index per position, negative ones ignored), mse or mae (labels: the expected output), iou (labels: "
+        "a 0/1 mask per sample; the output thresholded at `threshold`).",
+    )
+    output: str | None = Field(
+        default=None, description="The output scored; unset: the model's only output (a model with more must say)."
+    )
+    max_drop: float = Field(
+        default=0.01,
+        ge=0,
+        description="The most an artifact may lose against the source, in the metric's own units (0.01 = one point "
+        "of top-1; for mse/mae the rise allowed). A target past it fails with ACCURACY_DROP_EXCEEDED and both "
+        "scores; int8 on onnxruntime and openvino searches for an artifact within it.",
+    )
+    k: int = Field(default=5, ge=1, le=1000, description="topk: how many of the highest scores count.")
+    threshold: float = Field(default=0.5, description="iou: an output value above this is foreground.")
+    class_axis: int = Field(
+        default=-1, ge=-8, le=8, description="top1, topk, top1_per_position: the output's axis of class scores."
+    )
+    accuracy_aware_int8: bool = Field(
+        default=True,
+        description="int8 on onnxruntime and openvino searches for an artifact within max_drop on this data "
+        "(NNCF's accuracy control; onnxruntime's auto_exclude judged by the metric). false: quantise as without "
+        "labels and only judge the result.",
     )
 
 
@@ -325,7 +394,9 @@ class ServingSpec(_Strict):
     onnxruntime_device: Literal["cpu", "gpu"] = Field(
         default="cpu",
         description="Where Triton runs onnxruntime models: cpu (instance_group KIND_CPU) or gpu (KIND_GPU, "
-        "onnxruntime's CUDA provider). Parity is checked on the CPU provider either way.",
+        "onnxruntime's CUDA provider). With gpu, a live GPU worker (queue kiln.gpu-<variant>) checks parity and "
+        "times the artifact on its GPU; without one it is checked on the CPU provider and says so in a warning "
+        "(require_device_check: true refuses that).",
     )
     triton: TritonServingSpec = Field(
         default_factory=TritonServingSpec,
@@ -457,6 +528,10 @@ class CompileSpec(_Strict):
         ),
     )
     tolerances: Tolerances = Field(default_factory=Tolerances, description="Parity bounds; unset = precision default.")
+    evaluation: EvaluationSpec | None = Field(
+        default=None,
+        description="Labelled data to score the source and every artifact on (a task metric and the drop allowed).",
+    )
     benchmark: BenchmarkSpec | bool = Field(default_factory=BenchmarkSpec, description="true/false or settings.")
     validation: ValidationSpec = Field(default_factory=ValidationSpec)
     source_format: Format | None = Field(default=None, description="Override content-based format detection.")
@@ -472,6 +547,14 @@ class CompileSpec(_Strict):
             "Service only: accept the job even when an engine it needs has no live worker. Its steps then "
             "wait up to KILN_WORKER_WAIT_SECONDS for one and fail with ENGINE_UNAVAILABLE after that; "
             "without this the submission is refused (503 ENGINE_UNAVAILABLE)."
+        ),
+    )
+    require_device_check: bool = Field(
+        default=False,
+        description=(
+            "A GPU-bound artifact (serving.onnxruntime_device: gpu, options.tvm.cuda_arch) must be checked on a GPU "
+            "worker: the job is refused (ENGINE_UNAVAILABLE) when none is live, or, with wait_for_workers, waits "
+            "for one. Unset: without a GPU worker it is checked on the CPU and published with a warning saying so."
         ),
     )
     serving: ServingSpec = Field(default_factory=ServingSpec, description="How servers load the repository.")

@@ -42,6 +42,8 @@ __all__ = [
     "WebhookPolicy",
     "check_url",
     "deliver_due",
+    "embedded_ipv4",
+    "internal_address",
     "job_summary",
     "new_webhook",
     "sign",
@@ -63,11 +65,53 @@ def _refused(url: str, problem: str, hint: str) -> InvalidSpec:
     )
 
 
+#: NAT64's well-known prefix (RFC 6052): the last 32 bits are the IPv4 address a gateway translates to.
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+#: The local-use NAT64 prefix (RFC 8215): operator-defined, whatever it embeds is internal.
+_NAT64_LOCAL = ipaddress.IPv6Network("64:ff9b:1::/48")
+#: IPv4-compatible addresses (deprecated, RFC 4291): ``::a.b.c.d``.
+_V4_COMPATIBLE = ipaddress.IPv6Network("::/96")
+
+
+def embedded_ipv4(addr: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """Return the IPv4 addresses an IPv6 address carries: IPv4-mapped, IPv4-compatible, NAT64, 6to4, Teredo.
+
+    Each of these reaches the IPv4 address inside it (through the host's stack, a NAT64
+    gateway, a 6to4 or Teredo relay), so it is judged as that address: ``::7f00:1`` is
+    127.0.0.1, ``64:ff9b::a9fe:a9fe`` is 169.254.169.254, ``2002:7f00:1::`` is 127.0.0.1.
+    """
+    low32 = ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)
+    found: list[ipaddress.IPv4Address] = []
+    if addr.ipv4_mapped is not None:
+        found.append(addr.ipv4_mapped)
+    if addr in _V4_COMPATIBLE and int(addr) > 1:  # not :: or ::1, which are their own kind
+        found.append(low32)
+    if addr in _NAT64:
+        found.append(low32)
+    if addr.sixtofour is not None:
+        found.append(addr.sixtofour)
+    if addr.teredo is not None:
+        found.extend(addr.teredo)
+    return found
+
+
+def internal_address(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Return whether the service must not call ``addr``: non-global or multicast, itself or any IPv4 inside it."""
+    if not addr.is_global or addr.is_multicast:
+        return True
+    if isinstance(addr, ipaddress.IPv6Address):
+        if addr in _NAT64_LOCAL:
+            return True
+        return any(internal_address(v4) for v4 in embedded_ipv4(addr))
+    return False
+
+
 def check_url(url: str, allow_networks: Iterable[str] = ()) -> None:
     """Refuse (INVALID_SPEC) a webhook URL whose host resolves to an address the service must not call.
 
     Non-global addresses (loopback, link-local, private, shared, reserved) and multicast are
-    refused unless inside one of ``allow_networks`` (CIDRs).
+    refused unless inside one of ``allow_networks`` (CIDRs); an IPv6 address that embeds an
+    IPv4 one (:func:`embedded_ipv4`) is refused when that IPv4 address would be.
     """
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -80,10 +124,7 @@ def check_url(url: str, allow_networks: Iterable[str] = ()) -> None:
         raise _refused(url, f"the host does not resolve ({exc})", "Give a host name the service can resolve.") from None
     for info in infos:
         addr = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
-        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-            addr = addr.ipv4_mapped
-        internal = not addr.is_global or addr.is_multicast
-        if internal and not any(addr in net for net in allowed):
+        if internal_address(addr) and not any(addr in net for net in allowed):
             raise _refused(
                 url,
                 f"{parts.hostname} is {addr}, a loopback, link-local or private address",

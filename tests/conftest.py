@@ -52,6 +52,10 @@ def _session_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None
         # and a step held at a test's gate delays a benchmark by seconds, not minutes.
         mp.setenv("KILN_HOST_LOCK_DIR", str(tmp_path_factory.mktemp("host-locks")))
         mp.setenv("KILN_BENCH_QUIET_WAIT", "10")
+        # A tvm library at static shapes is tuned by default (minutes of MetaSchedule); tests ask for
+        # the budget they exercise (options.tvm.tuning_trials, or this variable set in the test).
+        mp.setenv("KILN_TVM_DEFAULT_TRIALS", "0")
+        mp.setenv("KILN_TVM_TUNING_DIR", str(tmp_path_factory.mktemp("tvm-tuning")))
         yield
 
 

@@ -154,9 +154,32 @@ def die_with_parent() -> None:
         pass  # not Linux/glibc: the server's stop() still kills it on a normal exit
 
 
+@cache
+def _elsewhere_root() -> Path:
+    import shutil
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="kiln-elsewhere-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    return root
+
+
+def elsewhere(what: str = "cwd") -> Path:
+    """Return a new empty directory outside the checkout: where a user starts `kiln`, or their HOME.
+
+    Kiln's processes in the tests start here, never in the checkout, so nothing they do can lean
+    on the checkout being their working directory (issue 27: a child that chdir'ed to the
+    directory `kiln serve` started from failed in the sandbox, which has no such directory).
+    """
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix=f"{what}-", dir=_elsewhere_root()))
+
+
 def service_env(**kiln: Any) -> dict[str, str]:
-    """Return an environment for a `kiln` subprocess with the given KILN_* settings."""
+    """Return an environment for a `kiln` subprocess with the given KILN_* settings and a HOME of its own."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
+    env["HOME"] = str(elsewhere("home"))
     for shared in ("KILN_HOST_LOCK_DIR", "KILN_BENCH_QUIET_WAIT"):  # the test run's own (conftest)
         if shared in os.environ:
             env[shared] = os.environ[shared]
@@ -176,16 +199,20 @@ def service_env(**kiln: Any) -> dict[str, str]:
 class Proc:
     """A `kiln ...` subprocess in its own process group, logging to a file."""
 
-    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+    def __init__(
+        self, args: list[str], env: dict[str, str], log: Path, cwd: Path | None = None, kiln: list[str] | None = None
+    ) -> None:
+        """``kiln``: the command to run (default: this Python's `kiln`; the installed wheel's in its tests)."""
         self.args, self.log = args, log
+        self.cwd = cwd or elsewhere()
         self._fh = open(log, "ab")
         self.popen = subprocess.Popen(
-            [*KILN_CMD, *args],
+            [*(kiln or KILN_CMD), *args],
             env=env,
             stdout=self._fh,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            cwd=TESTS_DIR,
+            cwd=self.cwd,
         )
 
     @property
@@ -366,6 +393,20 @@ def probe_step(ctx: Any) -> Any:
     return Artifact(root=ctx.out_dir, kind="onnx", entry="out.txt")
 
 
+def device_step(ctx: Any) -> Any:
+    """Records whether the step can open and read the device node named in its aims (a GPU's, or a stand-in)."""
+    from services.artifacts import Artifact
+
+    device = ctx.step.options["aims"]["device"]
+    try:
+        with open(device, "rb", buffering=0) as fh:
+            opened = f"succeeded: read {len(fh.read(4))} bytes"
+    except OSError as exc:
+        opened = f"refused: {type(exc).__name__}: {exc.strerror}"
+    (ctx.out_dir / "out.json").write_text(json.dumps({"opened": opened}))
+    return Artifact(root=ctx.out_dir, kind="onnx", entry="out.json")
+
+
 def segfault_step(ctx: Any) -> Any:
     import ctypes
 
@@ -507,3 +548,88 @@ def link_planting_step(ctx: Any) -> Any:
 
     (ctx.out_dir / "model.onnx").symlink_to(ctx.step.options["aims"]["secret_file"])
     return Artifact(root=ctx.out_dir, kind="onnx", entry="model.onnx")
+
+
+def sandboxed_host_pid(pid: int, environ_marker: str) -> int:
+    """Return, as this process sees it, the pid of a step child that knows itself as ``pid``.
+
+    Under bubblewrap step children run in a PID namespace of their own, so the pid a step writes
+    down is the sandbox's; the host's is the process whose innermost NSpid is ``pid`` and whose
+    environment holds ``environ_marker`` (e.g. ``KILN_TEST_GATE=<the test's gate folder>``).
+    Without a namespace the numbers are the same.
+    """
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            nspid = next(line.split()[1:] for line in status.read_text().splitlines() if line.startswith("NSpid:"))
+            if len(nspid) > 1 and nspid[-1] == str(pid):
+                if environ_marker.encode() in (status.parent / "environ").read_bytes():
+                    return int(status.parent.name)
+        except (OSError, StopIteration, ValueError):
+            continue
+    return pid
+
+
+def limits_step(ctx: Any) -> Any:
+    """Try to exceed each per-step resource limit; record each attempt's outcome in out.json (the artifact).
+
+    ``ctx.step.options["aims"]``: how much to try (the test sets limits below these).
+    """
+    import resource
+    import subprocess
+
+    from services.artifacts import Artifact
+
+    aims = ctx.step.options["aims"]
+    seen: dict[str, str] = {}
+
+    def attempt(what: str, action: Any) -> None:
+        try:
+            seen[what] = "succeeded: " + str(action())[:200]
+        except BaseException as exc:  # MemoryError included
+            seen[what] = f"refused: {type(exc).__name__}: {exc}"[:300]
+
+    def allocate() -> int:
+        block = bytearray(aims["allocate"])  # one mapping past the address-space limit
+        return len(block)
+
+    def open_many() -> int:
+        held = [open(os.devnull) for _ in range(aims["files"])]
+        n = len(held)
+        for f in held:
+            f.close()
+        return n
+
+    def spawn_many() -> int:
+        procs = []
+        try:
+            for _ in range(aims["processes"]):
+                procs.append(subprocess.Popen(["sleep", "5"]))
+            return len(procs)
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
+
+    def write_big() -> int:
+        with open(ctx.scratch / "big.bin", "wb") as f:
+            chunk = b"\0" * (1 << 20)
+            for _ in range(aims["write_mib"]):
+                f.write(chunk)
+        return aims["write_mib"]
+
+    attempt("address_space", allocate)
+    attempt("open_files", open_many)
+    attempt("processes", spawn_many)
+    attempt("file_size", write_big)
+    seen["limits"] = json.dumps(
+        {
+            n: resource.getrlimit(getattr(resource, n))[1]
+            for n in ("RLIMIT_AS", "RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_FSIZE")
+        }
+    )
+    (ctx.out_dir / "out.json").write_text(json.dumps(seen))
+    if aims.get("spin_seconds"):  # burn CPU past the step's CPU limit
+        end = time.monotonic() + aims["spin_seconds"]
+        while time.monotonic() < end:
+            pass
+    return Artifact(root=ctx.out_dir, kind="onnx", entry="out.json")

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from api.app import create_app
 from api.upload import MAX_PARTS, MAX_TEXT_BYTES
+from services.repository.signing_keys import generate_signing_key
 from services.settings import Settings, get_settings
 from workers.app import create_celery_app
 
@@ -32,6 +33,7 @@ PRODUCTION: dict[str, Any] = {
     "session_secret": SECRET,
     "s3_access_key_id": "kiln",
     "s3_secret_access_key": "qQ8yU3nV6tR1wE5mK2pL9sD4",
+    "signing_key": generate_signing_key().decode(),
 }
 
 
@@ -64,6 +66,7 @@ def test_production_takes_generated_credentials() -> None:
         ({"session_secret": ""}, "KILN_SESSION_SECRET must be set"),
         ({"session_secret": "short"}, "KILN_SESSION_SECRET must be set"),
         ({"admin_token": "admin"}, "KILN_ADMIN_TOKEN must be a generated token"),
+        ({"signing_key": ""}, "KILN_SIGNING_KEY must be set"),
     ],
 )
 def test_production_refuses_default_credentials_and_anonymous_access(change: dict[str, Any], problem: str) -> None:

@@ -201,6 +201,7 @@ def test_engines_lists_live_workers_and_their_versions(client: TestClient) -> No
         "queue": "kiln.openvino",
         "workers": 1,
         "versions": {"openvino": "2026.4.1"},
+        "devices": [],  # a CPU worker reports no GPU
     }
     assert engines["tensorflow"]["workers"] == 0
     assert [w["hostname"] for w in body["workers"]] == ["kiln-openvino-1@test"]
@@ -234,3 +235,24 @@ def test_a_broker_outage_is_503_on_readyz_and_submit_and_the_job_is_kept(tmp_pat
         job_id = r.json()["details"]["job_id"]
         job = c.get(f"/jobs/{job_id}").json()  # recorded, and says why it did not run
         assert job["status"] == "failed" and job["error"]["code"] == "SERVICE_UNAVAILABLE"
+
+
+def test_readyz_says_only_ok_or_fail_to_a_caller_without_a_token(tmp_path: Path) -> None:
+    """The broker's address and its driver's error are for token holders; a probe gets ok/fail and the status."""
+    admin = "kiln_readyz01_" + "r" * 40
+    settings = _settings(tmp_path, broker_url="redis://127.0.0.1:1/0", auth_enabled=True, admin_token=admin)
+    with TestClient(create_app(settings, create_celery_app(settings))) as c:
+        anonymous = c.get("/readyz")
+        assert anonymous.status_code == 503
+        assert anonymous.json() == {
+            "status": "unavailable",
+            "checks": {"broker": "fail", "database": "ok", "storage": "ok"},
+            "starting": [],
+        }
+        assert "127.0.0.1" not in anonymous.text and "Error" not in anonymous.text
+        forged = c.get("/readyz", headers={"Authorization": "Bearer kiln_nobody_x"})
+        assert forged.json()["checks"]["broker"] == "fail"
+        reader = c.get("/readyz", headers={"Authorization": f"Bearer {admin}"})
+        assert reader.status_code == 503
+        broker = reader.json()["checks"]["broker"]
+        assert broker not in ("ok", "fail") and "Error" in broker  # what failed, for the operator

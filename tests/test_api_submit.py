@@ -197,6 +197,14 @@ def test_unsafe_archives_are_400_unsafe_input(client: TestClient, cnn_onnx: Path
     body = _refused(client, 400, "UNSAFE_INPUT", "link.tar", _tar(link))
     assert "link" in body["message"]
 
+    def deep(tf: tarfile.TarFile) -> None:  # once a RecursionError in the API: 500 INTERNAL
+        info = tarfile.TarInfo("/".join(["d"] * 2100) + "/model.onnx")
+        info.size = len(model)
+        tf.addfile(info, io.BytesIO(model))
+
+    body = _refused(client, 400, "UNSAFE_INPUT", "deep.tar", _tar(deep))
+    assert "name of 4210 bytes" in body["message"]
+
 
 def test_a_decompression_bomb_is_400_unsafe_input(client: TestClient) -> None:
     buf = io.BytesIO()

@@ -312,6 +312,14 @@ def test_a_python_layer_is_unsafe_input_before_any_framework_reads_it(cnn: Path,
     assert "Python layer" in exc.value.message and "'os'" in exc.value.message
     with pytest.raises(UnsafeInput):
         load_caffe_net(root)
+    # In every phase: a TRAIN-only Python layer is code too (it used to pass, being outside TEST).
+    train_only = CNN + (
+        'layer { name: "evil" type: "Python" bottom: "prob" top: "evil" include { phase: TRAIN }\n'
+        f'        python_param {{ module: "os" layer: "system" param_str: "touch {marker}" }} }}\n'
+    )
+    root = write_caffe_model(tmp_path / "train", train_only, CNN_WEIGHTS)
+    with pytest.raises(UnsafeInput, match="Python layer"):
+        open_source(zipped(root, tmp_path / "train.zip"), tmp_path / "work-train")
     assert not marker.exists()
 
 

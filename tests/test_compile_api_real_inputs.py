@@ -193,14 +193,18 @@ def test_post_compile_takes_whole_feeds_for_a_state_and_a_scalar(service: Servic
     for target in TARGETS:
         parity = job["targets"][target]["parity"]
         assert parity["inputs_from"] == "calibration", (target, parity)
-        # Every fourth feed is held out for parity; each reaches the engine as uploaded, sr as a 0-d scalar.
-        assert parity["samples"] == N_FEEDS // 4, (target, parity)
+        # Every fourth feed is held out for parity, the rest to validation.min_unseen_samples made from the
+        # feeds; each reaches the engine as uploaded, sr as a 0-d scalar.
+        held = N_FEEDS // 4
+        assert parity["samples"] == max(held, 8), (target, parity)
+        assert parity["evidence"]["real"] == held and parity["evidence"]["unseen"] == max(held, 8), parity
         assert parity["shapes"][0] == {"x": [1, 8], "state": [2, 1, 16], "sr": []}, (target, parity["shapes"])
         assert all(o["values"] > 0 and o["pearson"] > 0.999 for o in parity["outputs"]), (target, parity)
         manifest = _manifest(service.base, job, target)
         provenance = dict(manifest["parity"]["input_provenance"])
-        # Few rows held out: the page and the manifest say the verdict rests on them.
-        assert f"parity rests on {N_FEEDS // 4} samples" in provenance.pop("held out"), provenance
+        # Few rows held out: the page and the manifest say so, and what was made up for them.
+        assert f"only {held} of the file's {N_FEEDS} rows are held out" in provenance.pop("held out"), provenance
+        assert "mixed with another" in provenance.pop("synthesized"), provenance
         assert provenance == {"x": whole, "state": whole, "sr": whole}, (target, manifest["parity"])
         assert manifest["static_arguments"] == {}
     # The published onnxruntime graph still takes the state on axis 1 and sr as a scalar, and

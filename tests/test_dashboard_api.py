@@ -445,3 +445,37 @@ def test_bad_links_answer_a_page_not_a_5xx(client: TestClient, path: str) -> Non
     r = client.get(path)
     assert r.status_code < 500, r.text
     assert "Traceback" not in r.text
+
+
+def test_sign_in_is_throttled_per_client_after_a_few_wrong_tokens(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, auth_enabled=True)
+    app = create_app(settings, create_celery_app(settings))
+    with TestClient(app, client=("192.0.2.1", 40000)) as guesser, TestClient(app, client=("192.0.2.2", 40000)) as other:
+        token = app.state.tokens.create_token("throttled", ["read"])
+        for i in range(5):
+            r = guesser.post("/ui/login", data={"token": f"kiln_guess_{i}", "next": "/ui/"}, follow_redirects=False)
+            assert r.status_code == 401, (i, r.status_code)
+        # The sixth try, even with a right token, is not looked at: 429, when to come back, no session.
+        r = guesser.post("/ui/login", data={"token": token, "next": "/ui/"}, follow_redirects=False)
+        assert r.status_code == 429 and 0 < int(r.headers["retry-after"]) <= 60
+        assert "Too many failed sign-ins" in r.text and "set-cookie" not in r.headers
+        # Another client is not held up by it.
+        ok = other.post("/ui/login", data={"token": token, "next": "/ui/"}, follow_redirects=False)
+        assert ok.status_code == 303
+
+
+def test_the_login_throttle_forgets_failures_past_its_window_and_on_success() -> None:
+    import time
+
+    from api.login_throttle import LoginThrottle
+
+    throttle = LoginThrottle(max_failures=2, window=0.3)
+    throttle.failed("a")
+    throttle.failed("a")
+    assert throttle.retry_after("a") > 0 and throttle.retry_after("b") == 0
+    time.sleep(0.35)
+    assert throttle.retry_after("a") == 0
+    throttle.failed("a")
+    throttle.failed("a")
+    throttle.succeeded("a")
+    assert throttle.retry_after("a") == 0

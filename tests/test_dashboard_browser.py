@@ -322,6 +322,10 @@ def test_pages_deep_links_and_dark_mode(service: Service, browser: Any) -> None:
         expect(page.locator("section", has=page.get_by_role("heading", name=re.compile("^tiny-fp32")))).to_contain_text(
             re.compile(r"[\d,]+ bytes")
         )
+        # The workers signed each version and the API verified it with the same key.
+        signatures = page.get_by_test_id("signature")
+        expect(signatures.first).to_have_text("✓ verified")
+        assert set(signatures.all_text_contents()) == {"✓ verified"}
         screenshot(page, "repository")
         # Offline API docs: Swagger UI renders from the vendored bundle.
         page.goto(f"{service.base}/docs")
@@ -338,7 +342,7 @@ def auth_service(service: Service) -> Iterator[tuple[str, dict[str, str]]]:
     """`kiln api` with auth on, over the same job store, broker and repository as `service`."""
     import subprocess
 
-    from jobs_support import KILN_CMD, TESTS_DIR
+    from jobs_support import KILN_CMD, elsewhere
 
     env = {**service.env, "KILN_AUTH_ENABLED": "true", "KILN_REPOSITORY": str(service.root / "repo")}
     tokens = {}
@@ -346,7 +350,7 @@ def auth_service(service: Service) -> Iterator[tuple[str, dict[str, str]]]:
         out = subprocess.run(
             [*KILN_CMD, "token", "create", name, "--scope", scope],
             env=env,
-            cwd=TESTS_DIR,
+            cwd=elsewhere(),
             capture_output=True,
             text=True,
         )
@@ -597,5 +601,45 @@ def test_the_form_uploads_whole_feed_calibration_for_a_state_and_a_scalar(
     assert parity["shapes"][0] == {"x": [1, 8], "state": [2, 1, 16], "sr": []}, parity["shapes"]
     whole = "whole feeds of the calibration file"
     provenance = dict(parity["input_provenance"])
-    assert "parity rests on" in provenance.pop("held out"), parity  # 8 feeds: 2 held out, and it says so
+    assert "2 of the file's 8 rows are held out" in provenance.pop("held out"), parity  # and it says so
+    assert "mixed with another" in provenance.pop("synthesized"), parity  # 6 more made from the feeds
     assert provenance == {"x": whole, "state": whole, "sr": whole}, parity
+
+
+def test_the_form_uploads_labelled_data_and_the_job_page_scores_it(
+    service: Service, page: Any, tmp_path: Path, cnn_onnx: Path
+) -> None:
+    """Issue 28's evaluation from the form: the labelled .npz is a file field, uploaded as the
+    `evaluation` part, and the section's defaults (metric top1) alone never make a section the
+    server refuses (before, every submit sent evaluation.metric without data: INVALID_SPEC)."""
+    import numpy as np
+    import onnxruntime as ort
+    from playwright.sync_api import expect
+
+    x = np.random.default_rng(3).standard_normal((16, 3, 32, 32)).astype(np.float32)
+    sess = ort.InferenceSession(str(cnn_onnx), providers=["CPUExecutionProvider"])
+    labels = sess.run(None, {"input": x})[0].argmax(axis=1)
+    data = tmp_path / "labelled.npz"
+    np.savez(data, input=x, labels=labels)
+
+    # The plan preview first: it asked /plan with the section's default metric alone, which refused it.
+    page.goto(f"{service.base}/ui/submit")
+    page.set_input_files("#model", str(cnn_onnx))
+    expect(page.get_by_test_id("plan-preview")).to_contain_text("onnxruntime: onnx")
+
+    page.get_by_text("More options").click()
+    page.set_input_files("#evaluation", str(data))
+    page.fill("#spec-evaluation-max_drop", "0.05")
+    page.fill("#advanced", json.dumps({"name": "evaluated-form", "benchmark": False}))
+    page.get_by_role("button", name="Submit").click()
+    page.wait_for_url(re.compile(r"/ui/jobs/[0-9a-f]{32}$"))
+    job_id = page.url.rsplit("/", 1)[1]
+    expect(page.get_by_test_id("job-status")).to_contain_text("succeeded", timeout=WAIT_MS)
+    job = httpx.get(f"{service.base}/jobs/{job_id}").json()
+    assert job["spec"]["evaluation"]["data"] == "labelled.npz", job["spec"]
+    assert job["spec"]["evaluation"]["max_drop"] == 0.05
+    evaluation = job["targets"]["onnxruntime"]["evaluation"]
+    # Labels are the source's own predictions: the source scores 1.0 on them.
+    assert evaluation["source"] == 1.0 and evaluation["passed"] is True, evaluation
+    expect(page.get_by_test_id("evaluation-source").first).to_have_text("1.0000")
+    expect(page.get_by_test_id("evaluation-artifact").first).to_contain_text("1.0000")

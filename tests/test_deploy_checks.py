@@ -302,7 +302,16 @@ def test_kiln_secrets_init_generates_once_keeps_and_prints_the_admin_token_once(
     token = (dirs["kiln"] / "KILN_ADMIN_TOKEN").read_text()
     assert first.stdout.count(token) == 1 and token.startswith("kiln_")
     files = {p.name: p.read_text() for p in dirs["kiln"].iterdir()}
-    assert set(files) == {"KILN_ADMIN_TOKEN", "KILN_SESSION_SECRET", "KILN_S3_SECRET_ACCESS_KEY", "KILN_DATABASE_URL"}
+    assert set(files) == {
+        "KILN_ADMIN_TOKEN",
+        "KILN_SESSION_SECRET",
+        "KILN_SIGNING_KEY",
+        "KILN_S3_SECRET_ACCESS_KEY",
+        "KILN_DATABASE_URL",
+    }
+    # The signing key is made, kept 0600 like the rest, and never printed (its public half is, on request).
+    assert files["KILN_SIGNING_KEY"].startswith("-----BEGIN PRIVATE KEY-----")
+    assert "PRIVATE KEY" not in first.stdout + first.stderr
     assert all(oct(p.stat().st_mode & 0o777) == "0o600" for p in dirs["kiln"].iterdir())
     assert oct(dirs["kiln"].stat().st_mode & 0o777) == "0o700"
     pg = (dirs["postgres"] / "POSTGRES_PASSWORD").read_text()
@@ -322,6 +331,15 @@ def test_kiln_secrets_init_generates_once_keeps_and_prints_the_admin_token_once(
         s3_access_key_id="kiln",
     )  # type: ignore[call-arg]
     assert s.admin_token.get_secret_value() == token and s.database_url == files["KILN_DATABASE_URL"]
+    public = subprocess.run(
+        [*KILN_CMD, "secrets", "public-key"],
+        env={**env, "KILN_SECRETS_DIR": str(dirs["kiln"])},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert public.returncode == 0 and public.stdout.startswith("-----BEGIN PUBLIC KEY-----"), public.stderr
+    assert "PRIVATE" not in public.stdout + public.stderr
     # Passwords given in the environment are taken instead of generated ones.
     given = subprocess.run(
         cmd, env={**env, "POSTGRES_PASSWORD": "p@ss/word"}, capture_output=True, text=True, timeout=120
@@ -375,6 +393,7 @@ def test_dockerfiles_found() -> None:
     assert {
         "docker/Dockerfile",
         "docker/tensorrt.Dockerfile",
+        "docker/gpu.Dockerfile",
         "docker/smoke/redis.Dockerfile",
         "docker/smoke/postgres.Dockerfile",
     } <= names
@@ -411,7 +430,7 @@ def test_dockerfiles_run_unprivileged_on_a_base_build_argument() -> None:
         assert froms and all("${BASE_IMAGE}" in f or " AS uv" in f or f.startswith("FROM runtime") for f in froms), (
             dockerfile
         )
-    for kiln in ("Dockerfile", "tensorrt.Dockerfile"):
+    for kiln in ("Dockerfile", "tensorrt.Dockerfile", "gpu.Dockerfile"):
         text = (ROOT / "docker" / kiln).read_text()
         assert "USER 10001:10001" in text and "-c constraints.txt" in text, kiln
 
@@ -525,6 +544,10 @@ def test_every_render_has_auth_on_and_generated_secrets_kiln_accepts(
     assert config["KILN_AUTH_ENABLED"] == "true" and config["KILN_ENVIRONMENT"] == "production"
     assert secret["KILN_ADMIN_TOKEN"].startswith("kiln_") and len(secret["KILN_ADMIN_TOKEN"]) >= 32
     assert len(secret["KILN_SESSION_SECRET"]) >= 32
+    assert secret["KILN_SIGNING_KEY"].startswith("-----BEGIN EC PRIVATE KEY-----")
+    from services.repository.signing_keys import load_signing_key
+
+    assert len(load_signing_key(secret["KILN_SIGNING_KEY"].encode(), "the chart's Secret").key_id) == 64
     # What a pod's environment would be (ConfigMap, then Secret): the settings class takes it in
     # production, so the chart renders no default credential and no anonymous access.
     env = {k[len("KILN_") :].lower(): v for k, v in {**config, **secret}.items() if k.startswith("KILN_")}
@@ -580,13 +603,18 @@ def test_full_render_gpu_workers_keda_and_ingress(rendered: dict[str, list[dict[
         assert "replicas" not in dep["spec"], "KEDA owns the replica count"
         pod = dep["spec"]["template"]["spec"]
         limits = pod["containers"][0]["resources"]["limits"]
-        if engine.startswith("tensorrt-"):
-            assert limits["nvidia.com/gpu"] == {"tensorrt-cu12": 1, "tensorrt-cu13": 2}[engine]
+        if engine.startswith(("tensorrt-", "gpu-")):
+            assert limits["nvidia.com/gpu"] == {"tensorrt-cu12": 1, "tensorrt-cu13": 2, "gpu-cu13": 1}[engine]
             assert pod["nodeSelector"]["nvidia.com/gpu.present"] == "true"
             assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
             assert pod["containers"][0]["image"] == f"registry.example.com/ml/kiln/worker-{engine}:1.2.3"
         else:
             assert "nvidia.com/gpu" not in limits
+    # The GPU worker lands on the GPU nodes the values name, with the extra toleration they give.
+    gpu = workers["gpu-cu13"]["spec"]["template"]["spec"]
+    assert gpu["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+    assert [t["key"] for t in gpu["tolerations"]] == ["nvidia.com/gpu", "dedicated"]
+    assert gpu["containers"][0]["command"][:4] == ["kiln", "worker", "--engine", "gpu-cu13"]
     assert workers["onnxruntime"]["spec"]["template"]["spec"]["containers"][0]["image"] == (
         "registry.example.com/ml/kiln-worker-onnxruntime-custom:1.2.3-torch"
     )

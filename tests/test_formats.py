@@ -12,6 +12,7 @@ import pytest
 
 from services.errors import SourceUnreadable, UnsafeInput, UnsupportedFormat
 from services.formats import ArchiveLimits, Format, detect_format, open_source, safe_extract
+from services.formats.archives import list_members
 
 
 def test_onnx_detected_by_content_not_name(cnn_onnx: Path, tmp_path: Path) -> None:
@@ -101,9 +102,13 @@ def test_truncated_and_garbage_files(cnn_onnx: Path, tmp_path: Path) -> None:
 def test_spec_override_is_recorded(cnn_onnx: Path, tmp_path: Path) -> None:
     same = open_source(cnn_onnx, tmp_path, Format.ONNX)
     assert same.format is Format.ONNX and "overridden" not in same.seen and len(same.sha256) == 64
-    other = open_source(cnn_onnx, tmp_path, Format.TFLITE)
-    assert other.format is Format.TFLITE
-    assert other.seen.startswith("protobuf") and other.seen.endswith("overridden to tflite by the spec")
+    other = open_source(cnn_onnx, tmp_path, Format.KERAS)  # Keras' loader vets what it reads (keras_safety)
+    assert other.format is Format.KERAS
+    assert other.seen.startswith("protobuf") and other.seen.endswith("overridden to keras by the spec")
+    # A forced format with a vetter is vetted as that format: an ONNX file is no TFLite FlatBuffer.
+    with pytest.raises(SourceUnreadable) as refused:
+        open_source(cnn_onnx, tmp_path, Format.TFLITE)
+    assert "not a readable TFLite FlatBuffer" in refused.value.message
 
 
 def test_override_takes_unrecognised_content_but_never_a_pickle(tmp_path: Path) -> None:
@@ -111,8 +116,10 @@ def test_override_takes_unrecognised_content_but_never_a_pickle(tmp_path: Path) 
     blob.write_bytes(b"\x13\x37" * 64)
     with pytest.raises(UnsupportedFormat):
         open_source(blob, tmp_path)
-    src = open_source(blob, tmp_path, Format.ONNX)
-    assert src.format is Format.ONNX and "content not recognised" in src.seen and "by the spec" in src.seen
+    src = open_source(blob, tmp_path, Format.KERAS)
+    assert src.format is Format.KERAS and "content not recognised" in src.seen and "by the spec" in src.seen
+    with pytest.raises(SourceUnreadable):  # vetted as ONNX: protobuf cannot parse it, so no loader gets it
+        open_source(blob, tmp_path, Format.ONNX)
     pickled = tmp_path / "model.pt"
     pickled.write_bytes(pickle.dumps({"weights": [1, 2, 3]}))
     with pytest.raises(UnsafeInput):
@@ -189,3 +196,67 @@ def test_saving_with_external_data_leaves_the_model_whole(cnn_onnx: Path, tmp_pa
     reloaded = load_onnx(files[0])
     for t in reloaded.graph.initializer:
         np.testing.assert_array_equal(numpy_helper.to_array(t), before[t.name])
+
+
+def test_deep_and_long_member_names_are_refused_from_the_header(tmp_path: Path) -> None:
+    """A member 2,100 folders deep once exhausted os.makedirs' recursion (500 INTERNAL): now UNSAFE_INPUT."""
+    deep = tarfile.TarInfo("/".join(["d"] * 2100) + "/model.onnx")
+    deep.size = 4
+    path = _tar(tmp_path / "deep.tar.gz", [deep], {deep.name: b"\x08\x07\x12\x00"})
+    for call in (lambda: open_source(path, tmp_path / "w"), lambda: safe_extract(path, tmp_path / "out")):
+        with pytest.raises(UnsafeInput, match="has a name of 4210 bytes"):
+            call()
+    assert not (tmp_path / "out" / "d").exists()
+    nested = tarfile.TarInfo("/".join(["d"] * 100) + "/model.onnx")  # short enough a name, too deep
+    nested.size = 4
+    with pytest.raises(UnsafeInput, match="100 folders deep"):
+        safe_extract(_tar(tmp_path / "nested.tar.gz", [nested], {nested.name: b"\x08\x07\x12\x00"}), tmp_path / "o")
+    long_name = _zip(tmp_path / "long.zip", {"m/" + "x" * 300 + ".onnx": b"x"})
+    with pytest.raises(UnsafeInput, match="has a name of"):
+        safe_extract(long_name, tmp_path / "out2")
+    ok = tarfile.TarInfo("/".join(["d"] * 10) + "/saved_model.pb")
+    ok.size = 2
+    assert open_source(_tar(tmp_path / "ok.tar.gz", [ok], {ok.name: b"\x12\x00"}), tmp_path / "w3").format.value
+
+
+def test_a_tar_bomb_is_refused_within_one_bounded_inflate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """300 MiB of zeros in 1 MiB members (~300 KiB gzipped): refused having inflated a fraction, once."""
+    bomb = tmp_path / "bomb.tar.gz"
+    zeros = b"\0" * (1 << 20)
+    with tarfile.open(bomb, "w:gz") as tf:
+        for i in range(300):
+            m = tarfile.TarInfo(f"export/part{i}.bin")
+            m.size = len(zeros)
+            tf.addfile(m, io.BytesIO(zeros))
+    compressed = bomb.stat().st_size
+    passes: list[int] = []  # how far into the inflated stream each pass over the archive read
+    real_next = tarfile.TarFile.next
+
+    def counting_next(self: tarfile.TarFile) -> tarfile.TarInfo | None:
+        if self.offset == 0:
+            passes.append(0)
+        passes[-1] = max(passes[-1], self.offset)
+        return real_next(self)
+
+    monkeypatch.setattr(tarfile.TarFile, "next", counting_next)
+    with pytest.raises(UnsafeInput, match="expands") as info:
+        open_source(bomb, tmp_path / "work")
+    assert "bomb" in info.value.hint
+    # One pass went past the first member (detection's listing, which refused it: never extracted);
+    # the others only peeked at the first header (is_tarfile).
+    assert sum(p > len(zeros) for p in passes) == 1, passes
+    bound = ArchiveLimits().max_ratio * compressed + 2 * len(zeros)  # the ratio's allowance plus one member
+    assert sum(passes) <= bound < 300 * len(zeros), (passes, bound)
+    assert not (tmp_path / "work" / "source").exists()
+
+
+def test_a_tar_header_declaring_more_than_the_archive_could_hold_is_refused_before_its_data(tmp_path: Path) -> None:
+    huge = tarfile.TarInfo("export/saved_model.pb")
+    huge.size = 9 * 1024**3  # declared; the bytes are not there
+    buf = io.BytesIO()
+    buf.write(huge.tobuf(format=tarfile.GNU_FORMAT))
+    buf.write(b"\0" * 4096)
+    path = tmp_path / "liar.tar"
+    path.write_bytes(buf.getvalue())
+    with pytest.raises(UnsafeInput, match="more than"):
+        list_members(path)

@@ -327,6 +327,18 @@ def test_custom_code_is_refused_from_the_config_and_from_the_spec(checkpoints: d
     with pytest.raises(UnsafeInput, match="auto_map") as exc:
         open_source(custom, tmp_path / "w")
     assert exc.value.code == "UNSAFE_INPUT" and "trust_remote_code" in exc.value.hint
+    # At any depth: a composite model's sub-config names code as well as its top level does.
+    nested = _copy(checkpoints["bert"], tmp_path / "nested")
+    config = json.loads((nested / "config.json").read_text())
+    config["text_config"] = {"model_type": "bert", "sub": [{"auto_map": {"AutoModel": "modeling_evil.Evil"}}]}
+    (nested / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsafeInput) as exc:
+        open_source(nested, tmp_path / "w2")
+    assert exc.value.details["key"] == "text_config.sub[0].auto_map"
+    pipelines = _copy(checkpoints["bert"], tmp_path / "pipelines")
+    (pipelines / "generation_config.json").write_text(json.dumps({"custom_pipelines": {"x": {"impl": "evil.Pipe"}}}))
+    with pytest.raises(UnsafeInput, match="custom_pipelines"):
+        open_source(pipelines, tmp_path / "w3")
     with pytest.raises(UnsafeInput, match="trust_remote_code"):
         load_spec({"targets": ["onnxruntime"], "options": {"huggingface": {"trust_remote_code": True}}})
     with pytest.raises(UnsafeInput):

@@ -13,13 +13,23 @@ import pytest
 from jobs_support import create_pg_database, migrated_pg
 from sqlalchemy import select, text, update
 
-from services.errors import Forbidden, IdempotencyKeyReused, InvalidSpec, NotFound, ServiceUnavailable
+from services.errors import (
+    HTTP_STATUS,
+    Forbidden,
+    IdempotencyKeyReused,
+    InvalidSpec,
+    NotFound,
+    QuotaExceeded,
+    ServiceUnavailable,
+)
 from services.formats import Format
 from services.graph.planner import plan_routes
 from services.jobs.idempotency import KEY_LIFETIME, IdempotencyClaim, KeyTaken, KnownKey
 from services.jobs.migrate import upgrade
 from services.jobs.model_names import published_names
 from services.jobs.models import DashboardSession, IdempotencyKey, Job, JobStep
+from services.jobs.quotas import QuotaStore, TenantQuota
+from services.jobs.scheduling import StepDeferred
 from services.jobs.store import JobFilter, JobStore, NewJob
 from services.jobs.stores import JobStores
 from services.jobs.tokens import TokenStore, hash_token
@@ -711,3 +721,63 @@ def test_a_jobs_end_makes_its_webhook_due_only_for_the_events_it_asked_for(
         assert jobs.webhooks.state(new.id)["state"] == "gave_up"  # type: ignore[index]
         last = jobs.jobs.events(new.id)[-1]
         assert last.type == "webhook_gave_up" and last.data["url"] == "https://hooks.example.com"
+
+
+# --- fair sharing: per-tenant quotas (services/jobs/quotas.py) ---------------------------------
+
+
+def _quota_job(jobs: JobStores, tenant: str, quota: TenantQuota) -> str:
+    spec = load_spec({"targets": ["onnxruntime"]})
+    new = NewJob(
+        name=tenant,
+        spec=spec.model_dump(mode="json"),
+        plan=plan_routes(Format.ONNX, spec, default_name=tenant),  # the tenant's own model name
+        source_key="sources/abc",
+        source_sha256="ab" * 32,
+        source_filename="cnn.onnx",
+        source_format="onnx",
+        tenant=tenant,
+        quota=quota,
+    )
+    jobs.jobs.submit_job(new)
+    return new.id
+
+
+def test_a_tenant_past_its_queued_quota_is_refused_and_nothing_is_recorded(jobs: JobStores) -> None:
+    tenant = f"q-{uuid.uuid4().hex[:8]}"
+    quota = TenantQuota(max_running=4, max_queued=2)
+    first = [_quota_job(jobs, tenant, quota) for _ in range(2)]
+    before = jobs.jobs.list_jobs(filters=JobFilter(tenant=tenant))[1]
+    with pytest.raises(QuotaExceeded) as info:
+        _quota_job(jobs, tenant, quota)
+    assert info.value.code == "QUOTA_EXCEEDED" and HTTP_STATUS["QUOTA_EXCEEDED"] == 429
+    assert info.value.details == {"tenant": tenant, "queued": 2, "max_queued": 2, "running": 0, "max_running": 4}
+    assert jobs.jobs.list_jobs(filters=JobFilter(tenant=tenant))[1] == before  # the refused job is not there
+    _quota_job(jobs, f"{tenant}-other", quota)  # another tenant's quota is its own
+    jobs.steps.claim_step(first[0], "reference", "w1", stale_after=60)  # one starts: a place frees up
+    _quota_job(jobs, tenant, quota)
+    usage = QuotaStore(jobs.jobs.db).usage(tenant)
+    assert (usage.running, usage.queued) == (1, 2)
+
+
+def test_a_job_past_its_tenants_running_quota_waits_while_others_start(jobs: JobStores) -> None:
+    tenant = f"r-{uuid.uuid4().hex[:8]}"
+    quota = TenantQuota(max_running=1, max_queued=10)
+    a1, a2 = _quota_job(jobs, tenant, quota), _quota_job(jobs, tenant, quota)
+    b1 = _quota_job(jobs, f"{tenant}-b", quota)
+    assert jobs.steps.claim_step(a1, "reference", "w1", stale_after=60, max_running=4) is not None
+    with pytest.raises(StepDeferred):  # the job's own limit (its token's, 1) counts, not the setting's 4
+        jobs.steps.claim_step(a2, "reference", "w1", stale_after=60, max_running=4)
+    assert jobs.jobs.get_job(a2).status == "queued"
+    assert jobs.steps.claim_step(b1, "reference", "w1", stale_after=60, max_running=4) is not None
+    jobs.jobs.cancel_job(a1)  # a1 ends: a2 may start
+    assert jobs.steps.claim_step(a2, "reference", "w1", stale_after=60, max_running=4) is not None
+
+
+def test_tokens_carry_their_own_quotas(jobs: JobStores) -> None:
+    name = f"quota-{uuid.uuid4().hex[:8]}"
+    token = jobs.tokens.create_token(name, ["write"], "team-q", max_running_jobs=1, max_queued_jobs=3)
+    rec = jobs.tokens.verify_token(token)
+    assert rec is not None and (rec.max_running_jobs, rec.max_queued_jobs) == (1, 3)
+    with pytest.raises(InvalidSpec):
+        jobs.tokens.create_token(f"{name}-0", ["write"], "team-q", max_queued_jobs=0)

@@ -24,8 +24,9 @@ TOP_PACKAGES = ("api", "cli", "services", "workers")
 LAYERS: tuple[tuple[str, ...], ...] = (
     # core: errors, settings, the tensor type, disk-full detection; no Kiln imports but each other
     ("services.errors", "services.public_errors", "services.settings", "services.tensors", "services.outages"),
-    # engine descriptors: the one place an engine, format, target or converter edge is declared
-    ("services.descriptors", "services.versions"),
+    # engine descriptors: the one place an engine, format, target or converter edge is declared; the GPU
+    # this process sees (NVML), which the GPU engine's descriptor names as its device and tool versions
+    ("services.descriptors", "services.versions", "services.gpu"),
     # formats and detection, the compile spec, artifacts, ONNX I/O, the sandbox, S3 plumbing
     (
         "services.formats",

@@ -166,7 +166,8 @@ def test_an_op_neither_route_maps_is_conversion_failed_naming_it(tmp_path: Path,
 def test_code_carrying_mindir_is_unsafe_input(cnn_mindir: Path, tmp_path: Path) -> None:
     from mindspore.train import mind_ir_pb2
 
-    from services.formats.mindir import vet_mindir
+    from services.formats import open_source
+    from services.formats.mindir import vet_mindir, vet_mindir_upload
     from services.runners.mindir import MindIRRunner
 
     def edited(name: str, change) -> Path:  # type: ignore[no-untyped-def]
@@ -186,17 +187,30 @@ def test_code_carrying_mindir_is_unsafe_input(cnn_mindir: Path, tmp_path: Path) 
     def external(m) -> None:  # type: ignore[no-untyped-def]
         m.graph.parameter[0].external_data.location = "../../etc/weights.bin"
 
+    def nested_code(m) -> None:  # type: ignore[no-untyped-def]
+        m.graph.node[0].attribute.add(name="body").g.node.add(op_type="PyFunc")
+
+    def attribute_tensor(m) -> None:  # type: ignore[no-untyped-def]
+        m.graph.node[0].attribute.add(name="w").t.external_data.location = "/etc/passwd"
+
+    def preprocessing(m) -> None:  # type: ignore[no-untyped-def]
+        m.preprocessor.op.add(op_type="Decode", operations='{"dataset_dir": "/etc"}')
+
     for name, change, words in (
         ("custom.mindir", custom_op, "Custom operator"),
         ("bprop.mindir", bprop, "bprop file"),
         ("external.mindir", external, "external file"),
+        ("nested.mindir", nested_code, "PyFunc operator"),
+        ("attribute.mindir", attribute_tensor, "external file"),
+        ("preprocess.mindir", preprocessing, "preprocessing pipeline"),
     ):
         path = edited(name, change)
         assert detect_format(path)[0] is Format.MINDIR
-        for read in (vet_mindir, MindIRRunner):
+        # At submission without MindSpore (vet_mindir_upload, through open_source), and where it is read.
+        for read in (lambda p: open_source(p, tmp_path / "work"), vet_mindir_upload, vet_mindir, MindIRRunner):
             with pytest.raises(UnsafeInput) as exc:
                 read(path)
-            assert words in exc.value.message
+            assert words in exc.value.message, (name, exc.value.message)
 
 
 def test_mindspores_exporter_needs_a_graphcell_that_never_ran(cnn_mindir: Path, tmp_path: Path) -> None:

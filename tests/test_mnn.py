@@ -88,7 +88,7 @@ def test_compile_to_mnn(
         assert out["max_abs"] <= tol.atol + tol.rtol * 10  # outputs are O(1)
 
     version = repo_dir / "mnn" / "m" / "1"
-    assert {p.name for p in version.iterdir()} == {"model.mnn", "kiln-manifest.json"}
+    assert {p.name for p in version.iterdir()} == {"model.mnn", "kiln-manifest.json", "README.md"}
     manifest = json.loads((version / "kiln-manifest.json").read_text())
     assert manifest["target"] == "mnn" and manifest["precision"] == precision and manifest["format"] == "mnn"
     assert manifest["route"] == "onnx → optimize ⇒ mnn"
@@ -127,6 +127,24 @@ def test_compile_to_mnn(
     assert _cosine(got, want) >= tol.min_cosine
     if precision == "fp32":
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-3)
+
+    # The README's session settings are parity's (issue 30), and its snippet, run as a user would, gives
+    # the outputs Kiln's runner gave.
+    readme = (version / "README.md").read_text()
+    runtime = details["runtime"]
+    assert runtime["rearrange"] is True
+    assert f"| precision | {runtime['precision']} |" in readme and "| rearrange | True" in readme
+    code = readme.split("```python\n")[1].split("```")[0]
+    code = code.replace("x = np.zeros([1, 3, 224, 224], np.float32)  # each input at its shape", "x = X")
+    here = os.getcwd()
+    os.chdir(version)
+    try:
+        scope: dict[str, object] = {"X": x}
+        exec(code, scope)  # the published README's own code
+    finally:
+        os.chdir(here)
+    (readme_out,) = scope["values"]  # type: ignore[misc]
+    np.testing.assert_array_equal(np.asarray(readme_out).reshape(got.shape), got)
 
 
 # --- the converter process: no network, no pip ----------------------------------------------------

@@ -7,6 +7,7 @@ real `kiln serve` are in tests/test_sandbox_service.py.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from hostile_models import file_reading_savedmodels, torchscript_vetting_bypass
 from onnx import TensorProto, helper, numpy_helper
 
 from services.errors import KilnError
@@ -92,24 +94,21 @@ def test_savedmodels_of_plain_tensor_programs_pass_with_their_saver(
     assert "Conv2D" in savedmodel_ops(_parse(savedmodels["keras"] / "saved_model.pb"))
 
 
-def test_the_committed_op_allowlist_is_what_this_tensorflow_generates() -> None:
-    """services/formats/savedmodel_ops.py is generated; it must match the installed TensorFlow."""
+def test_the_op_allowlist_is_reviewed_op_by_op_and_names_no_file_reader() -> None:
+    """Every allowed op exists in this TensorFlow and none has an attribute or input that names a file."""
     out = subprocess.run(
-        [sys.executable, str(Path(__file__).parent / "savedmodel_allowlist.py")],
+        [sys.executable, "-c", "import json, savedmodel_allowlist as s; print(json.dumps(s.problems()))"],
         check=True,
         capture_output=True,
         text=True,
-        env={"TF_CPP_MIN_LOG_LEVEL": "3"},
+        cwd=Path(__file__).parent,
+        env={"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(Path(__file__).parents[1])},
     ).stdout
-    committed = (Path(__file__).parents[1] / "services/formats/savedmodel_ops.py").read_text()
-    assert out == committed, "regenerate: python tests/savedmodel_allowlist.py > services/formats/savedmodel_ops.py"
-    from services.formats.savedmodel_ops import ALLOWED_TF_OPS
+    assert json.loads(out.strip().splitlines()[-1]) == {}
+    from services.formats.savedmodel_ops import ALLOWED_TF_OPS, REFUSED_EXAMPLES
 
-    for op in ("ReadFile", "WriteFile", "MatchingFiles", "PyFunc", "EagerPyFunc", "PrintV2", "Print",
-               "TFRecordReaderV2", "WriteSummary", "ScalarSummary", "RpcClient", "DataServiceDatasetV4",
-               "DebugIdentityV2", "CollectiveReduceV2", "RemoteCall", "XlaCallModule", "SaveV2", "RestoreV2",
-               "InitializeTableFromTextFileV2", "RecordInput", "DecodeProtoV2"):  # fmt: skip
-        assert op not in ALLOWED_TF_OPS, op
+    assert not ALLOWED_TF_OPS & REFUSED_EXAMPLES
+    assert {"ImmutableConst", "FixedUnigramCandidateSampler", "FIFOQueueV2", "ReadFile"} <= REFUSED_EXAMPLES
     assert {
         "Conv2D",
         "MatMul",
@@ -117,7 +116,17 @@ def test_the_committed_op_allowlist_is_what_this_tensorflow_generates() -> None:
         "StatefulPartitionedCall",
         "VarHandleOp",
         "TensorListReserve",
+        "HashTableV2",
+        "UniformCandidateSampler",
     } <= ALLOWED_TF_OPS
+
+
+def test_savedmodel_ops_that_read_a_file_named_by_an_attribute_are_refused(tmp_path: Path) -> None:
+    """FixedUnigramCandidateSampler(vocab_file) reads a file into its error; ImmutableConst maps one."""
+    built = file_reading_savedmodels(tmp_path, "/etc/passwd")
+    for name, op in (("sampler", "FixedUnigramCandidateSampler"), ("mapped", "ImmutableConst")):
+        err = _refusal(built[name], tmp_path / name)
+        assert err.code == "UNSAFE_INPUT" and err.details["ops"] == [op], (name, err.to_dict())
 
 
 # --- TorchScript -------------------------------------------------------------------------
@@ -189,6 +198,70 @@ def test_the_torchscript_denylist_covers_every_operator_with_a_file_argument() -
     assert "prim::Print" in DENIED_OPS
 
 
+def test_the_reported_torchscript_bypass_is_refused_with_the_format_forced(tmp_path: Path) -> None:
+    """Issue 31, attack 1: no debug_pkl, 0xFF in a comment, models/x.json, "source_format": "torchscript"."""
+    from services.formats import Format
+
+    model = torchscript_vetting_bypass(tmp_path / "bypass.pt", "/etc/passwd")
+    with pytest.raises(KilnError) as info:
+        open_source(model, tmp_path / "work", Format.TORCHSCRIPT)
+    err = info.value
+    assert err.code == "UNSAFE_INPUT", err.to_dict()
+    # (torch names the class's file __torch__/hostile_models[/___torch_mangle_N].py when it scripted it before)
+    assert "byte 0xff" in err.message and err.details["files"][0].startswith("__torch__/hostile_models")
+
+
+@pytest.mark.parametrize(
+    ("edit", "why"),
+    [
+        (b"  # a plain comment\n", "a comment at line"),
+        (b"  x = 1\r\n", "byte 0x0d"),
+        (b"\tx = 1\n", "byte 0x09"),
+        (b"  s = r'raw'\n", "prefixed or triple-quoted string"),
+        (b'  s = """a"""\n', "prefixed or triple-quoted string"),
+        (b"  y = 1 + \\\n    2\n", "backslash line continuation"),
+    ],
+)
+def test_torchscript_code_not_in_the_form_torch_writes_is_refused(tmp_path: Path, edit: bytes, why: str) -> None:
+    """Where Python's tokenizer and torch's lexer may disagree, vetting refuses instead of guessing."""
+    import zipfile
+
+    import torch
+
+    from services.formats.torchscript import vet_torchscript
+
+    class Plain(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2.0
+
+    plain, edited = tmp_path / "plain.pt", tmp_path / "edited.pt"
+    torch.jit.script(Plain()).save(str(plain))
+    vet_torchscript(plain)  # as saved: passes
+    with zipfile.ZipFile(plain) as src, zipfile.ZipFile(edited, "w") as out:
+        for info in src.infolist():
+            data = src.read(info)
+            if "/code/" in info.filename and info.filename.endswith(".py"):
+                data = data.replace(b"  def forward", edit + b"  def forward", 1)
+            out.writestr(info, data)
+    with pytest.raises(KilnError) as info:
+        vet_torchscript(edited)
+    assert info.value.code == "UNSAFE_INPUT" and why in info.value.message, info.value.message
+
+
+def test_torchs_own_parser_must_read_every_function_as_python_does() -> None:
+    """The cross-check: a name only torch's parser sees (here: source and tree disagree on purpose) refuses."""
+    import ast
+
+    from services.formats.torchscript import torch_parser_problem
+
+    seen_by_python = ast.parse("def forward(self, x: Tensor) -> Tensor:\n  return x\n")
+    same = "def forward(self, x: Tensor) -> Tensor:\n  return x\n"
+    other = "def forward(self, x: Tensor) -> Tensor:\n  return torch.from_file(x)\n"
+    assert torch_parser_problem(same, seen_by_python) is None
+    problem = torch_parser_problem(other, seen_by_python)
+    assert problem is not None and "from_file" in problem and "torch" in problem
+
+
 # --- ONNX --------------------------------------------------------------------------------
 
 
@@ -252,6 +325,95 @@ def test_onnx_external_data_outside_the_models_folder_is_refused(tmp_path: Path,
     onnx.save(model, folder / "model.onnx")
     err = _refusal(folder / "model.onnx", tmp_path)
     assert err.code == "UNSAFE_INPUT" and err.details["tensor"] == "w"
+
+
+def test_onnx_external_data_inside_a_local_function_is_refused(tmp_path: Path) -> None:
+    """A model-local function's Constant whose value lives in /proc/self/environ (onnx refused it only later)."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    value = numpy_helper.from_array(np.zeros(4, np.float32), "leak")
+    value.ClearField("raw_data")
+    value.data_location = TensorProto.EXTERNAL
+    value.external_data.add(key="location", value="/proc/self/environ")
+    value.external_data.add(key="length", value="16")
+    body = helper.make_function(
+        "local.fns",
+        "Leak",
+        ["a"],
+        ["b"],
+        [helper.make_node("Constant", [], ["c"], value=value), helper.make_node("Add", ["a", "c"], ["b"])],
+        [helper.make_opsetid("", 17)],
+    )
+    model = _onnx_model(
+        [helper.make_node("Leak", ["x"], ["y"], domain="local.fns")], functions=[body], extra_opsets=["local.fns"]
+    )
+    onnx.save(model, folder / "model.onnx")
+    err = _refusal(folder / "model.onnx", tmp_path)
+    assert err.code == "UNSAFE_INPUT" and err.details["tensor"] == "leak", err.to_dict()
+
+
+def test_an_onnx_file_protobuf_cannot_parse_is_refused_not_passed_to_a_loader(tmp_path: Path) -> None:
+    from services.formats import Format
+
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"\x08\x07" + b"\xff" * 64)  # looks like ONNX to detection, does not parse
+    with pytest.raises(KilnError) as info:
+        open_source(broken, tmp_path / "work", Format.ONNX)
+    assert info.value.code == "SOURCE_UNREADABLE"
+
+
+# --- every format: the format vetted is the format loaded -----------------------------------
+
+
+def _source_formats() -> list[str]:
+    from services.descriptors import registry
+
+    return sorted(n for n, f in registry().formats.items() if f.is_source)
+
+
+#: Formats whose loader vets the file as it reads it, with the same check for both sides (a
+#: worker opens sources with open_source too): what they check, and where.
+LOADER_VETTED = {
+    "keras": "services.formats.keras_safety:check_keras_file (Lambda bytecode, before keras loads)",
+    "torch_export": "services.runners.torch_archives:check_pt2_archive (pickles, expressions, guards)",
+    "openvino_ir": "no code: OpenVINO IR is XML and weights; a custom layer needs an extension no step loads",
+}
+
+
+@pytest.mark.parametrize("fmt", _source_formats())
+def test_every_source_format_is_vetted_as_itself_when_the_spec_forces_it(
+    fmt: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Forcing ``fmt`` onto a file of another kind (an ONNX model) runs ``fmt``'s vetter, and whatever that
+    vetter raises refuses the upload: its refusal as it is, anything else (a bug) as SOURCE_UNREADABLE."""
+    import importlib
+
+    from services.descriptors import registry
+    from services.errors import UnsafeInput
+    from services.formats import Format
+
+    desc = registry().formats[fmt]
+    entry = desc.vet or desc.loadable
+    if entry is None:
+        assert fmt in LOADER_VETTED, f"{fmt} has no vetter: add FormatDescriptor.vet (or say why its loader is safe)"
+        return
+    module, _, func = entry.partition(":")
+    model = tmp_path / "model.bin"
+    onnx.save(_onnx_model([helper.make_node("Relu", ["x"], ["y"])]), model)
+    if fmt == "onnx":  # an ONNX file is onnx already: force it onto bytes of no known kind instead
+        model.write_bytes(b"no model Kiln knows")
+
+    def refuse(path: Path) -> None:
+        raise UnsafeInput(f"refused by the {fmt} vetter")
+
+    def crash(path: Path) -> None:
+        raise RuntimeError(f"the {fmt} vetter hit a bug")
+
+    for vetter, code, words in ((refuse, "UNSAFE_INPUT", "refused by the"), (crash, "SOURCE_UNREADABLE", "hit a bug")):
+        monkeypatch.setattr(importlib.import_module(module), func, vetter)
+        with pytest.raises(KilnError) as info:
+            open_source(model, tmp_path / "work", Format(fmt))
+        assert info.value.code == code and f"{words}" in info.value.message and fmt in info.value.message
 
 
 # --- TFLite ------------------------------------------------------------------------------

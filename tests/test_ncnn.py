@@ -214,7 +214,7 @@ def test_inputs_reach_ncnn_in_its_own_aligned_memory(ncnn_store, repository, tmp
     assert target.parity["outputs"][0]["max_abs"] < 1e-6
     # onnx 1.23 writes IR version 14, which pnnx's onnxruntime refuses: Kiln hands it a copy stamped 13.
     ncnn_details = result.steps["export:ncnn"].meta["engine_details"]["ncnn"]
-    assert ncnn_details["onnx_rewrites"][0].startswith("ONNX IR version 14 stamped 13")
+    assert any(note.startswith("ONNX IR version 14 stamped 13") for note in ncnn_details["onnx_rewrites"])
 
 
 def test_a_pad_without_its_mode_attribute_is_lowered(ncnn_store, repository, tmp_path) -> None:
@@ -246,9 +246,9 @@ def test_a_pad_without_its_mode_attribute_is_lowered(ncnn_store, repository, tmp
     assert target.status == "succeeded", target.error
     assert target.parity["outputs"][0]["max_abs"] < 1e-4
     details = result.steps["export:ncnn"].meta["engine_details"]["ncnn"]
-    assert details["onnx_rewrites"] == [
-        "mode=constant (ONNX's default) written on 1 Pad node(s), which pnnx lowers only so"
-    ]
+    assert (
+        "mode=constant (ONNX's default) written on 1 Pad node(s), which pnnx lowers only so" in details["onnx_rewrites"]
+    )
     assert "Padding" in (_version_dir(result) / "model.ncnn.param").read_text()
 
 

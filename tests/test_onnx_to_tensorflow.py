@@ -337,3 +337,29 @@ def test_grouped_convolution_reaches_tflite_and_tfserving(groups: int, tmp_path:
         assert_parity_passed(target.parity, "fp32")
     passes = [p["name"] for p in result.steps["optimize/onnx-to-savedmodel"].meta["passes"]]
     assert "onnx2tf_scope_safe_node_names" in passes
+
+
+def test_onnx2tf_leaves_the_process_its_recursion_limit(transformer_onnx: Path) -> None:
+    """onnx2tf sets the recursion limit to C int's maximum on import; Kiln gives it back after.
+
+    In a fresh interpreter, so the import is the first: a deeply nested JSON body afterwards must
+    still be a RecursionError (Kiln's INVALID_SPEC), not a C stack overflow that kills the process.
+    """
+    import subprocess
+    import sys
+
+    script = f"""
+import json, sys
+import onnx
+from services.converters.onnx_to_tensorflow import _ops_without_converter
+before = sys.getrecursionlimit()
+_ops_without_converter(onnx.load({str(transformer_onnx)!r}))
+assert "onnx2tf" in sys.modules and sys.getrecursionlimit() == before, sys.getrecursionlimit()
+try:
+    json.loads("[" * 1_000_000 + "]" * 1_000_000)
+except RecursionError:
+    print("RecursionError")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.strip().endswith("RecursionError")

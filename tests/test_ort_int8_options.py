@@ -88,6 +88,8 @@ def test_auto_exclude_leaves_the_sensitive_nodes_in_float_and_passes(tmp_path: P
     auto = manifest["engine_details"]["int8"]["auto_exclude"]
     assert auto["needed"] is True
     assert auto["attempts"][0]["passed"] is False and auto["attempts"][-1]["passed"] is True
+    # MinMax missed, so Percentile calibration was tried before any node was left in float.
+    assert auto["attempts"][1]["tried"] == "Percentile calibration" and auto["attempts"][1]["excluded"] == 0
     assert [e["node"] for e in auto["left_in_float"]] == ["narrow_conv", "wide_conv"]
     assert manifest["parity"]["passed"] is True
     assert any("2 node(s) left in float" in w for w in manifest["warnings"])

@@ -302,14 +302,19 @@ def _copy(models: Path, name: str, dest: Path) -> Path:
         ("truncate-pdmodel", "SOURCE_UNREADABLE", "not a readable Paddle ProgramDesc"),
         ("foreign-params", "SOURCE_UNREADABLE", "holds 16 tensors but model.json declares 10"),
         ("unsafe-op", "UNSAFE_INPUT", "save_combine"),
+        # An allowlist, not a denylist: an operator nobody reviewed, and an unknown PIR dialect, are refused.
+        ("unlisted-pir-op", "UNSAFE_INPUT", "pd_op.read_file"),
+        ("unknown-dialect", "UNSAFE_INPUT", "7.relu"),
+        ("unlisted-pdmodel-op", "UNSAFE_INPUT", "'save'"),
         ("no-params", "SOURCE_UNREADABLE", ""),
     ],
 )
 def test_malformed_paddle_models_are_refused_before_paddle_reads_them(
     models: Path, tmp_path: Path, damage: str, code: str, needle: str
 ) -> None:
-    src = _copy(models, "cnn_pdmodel" if damage == "truncate-pdmodel" else "cnn_pir", tmp_path / "m")
-    program = src / ("model.pdmodel" if damage == "truncate-pdmodel" else "model.json")
+    legacy = damage in ("truncate-pdmodel", "unlisted-pdmodel-op")
+    src = _copy(models, "cnn_pdmodel" if legacy else "cnn_pir", tmp_path / "m")
+    program = src / ("model.pdmodel" if legacy else "model.json")
     params = src / "model.pdiparams"
     if damage == "truncate-params":
         params.write_bytes(params.read_bytes()[: params.stat().st_size - 100])
@@ -319,6 +324,12 @@ def test_malformed_paddle_models_are_refused_before_paddle_reads_them(
         shutil.copyfile(models / "block_pir" / "model.pdiparams", params)
     elif damage == "unsafe-op":
         program.write_text(program.read_text().replace('"1.relu"', '"1.save_combine"', 1))
+    elif damage == "unlisted-pir-op":
+        program.write_text(program.read_text().replace('"1.relu"', '"1.read_file"', 1))
+    elif damage == "unknown-dialect":
+        program.write_text(program.read_text().replace('"1.relu"', '"7.relu"', 1))
+    elif damage == "unlisted-pdmodel-op":  # same length: the protobuf stays well formed
+        program.write_bytes(program.read_bytes().replace(b"relu", b"save"))
     elif damage == "no-params":
         params.unlink()
     error = SourceUnreadable if code == "SOURCE_UNREADABLE" else UnsafeInput
@@ -443,6 +454,26 @@ def test_runner_contract_in_a_process_of_its_own() -> None:
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert re.search(r"\b8 passed\b", proc.stdout), proc.stdout[-2000:]
+
+
+def test_every_allowed_operator_is_one_this_paddle_registers() -> None:
+    """services/formats/paddle_ops.py is reviewed by hand: each name must still be a Paddle operator."""
+    script = (
+        "import json, paddle\n"
+        "from paddle.base import core\n"
+        "print(json.dumps({'legacy': sorted(core.get_all_op_names()), 'pir': sorted(dir(paddle._C_ops))}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    known = json.loads(proc.stdout.strip().splitlines()[-1])
+    from services.formats.paddle_ops import ALLOWED_PADDLE_OPS, ALLOWED_PIR_OPS
+
+    assert sorted(ALLOWED_PADDLE_OPS - set(known["legacy"])) == []
+    control_flow = {"if", "while", "assert", "select_input", "select_output", "feed", "fetch", "data"}
+    assert sorted(ALLOWED_PIR_OPS["pd_op"] - set(known["pir"]) - control_flow) == []
+    for refused in ("save", "load_combine", "read_file", "py_func", "pylayer", "print", "run_program", "send_v2",
+                    "c_allreduce_sum", "all_reduce", "barrier", "tensorrt_engine", "fusion_group", "share_var"):  # fmt: skip
+        assert refused not in ALLOWED_PADDLE_OPS and refused not in ALLOWED_PIR_OPS["pd_op"], refused
 
 
 def test_paddle_after_tensorflow_is_refused_with_a_code_not_a_crash() -> None:

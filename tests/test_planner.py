@@ -150,3 +150,34 @@ def test_real_registry_fallbacks_for_keras() -> None:
         "keras → onnx → optimize → savedmodel ⇒ tflite",
     ]
     assert plan.route_options("onnxruntime")[1].tools == ("tf.saved_model", "tf2onnx")
+
+
+def test_only_routes_the_served_engines_run_are_planned() -> None:
+    """Issue 27: openvino's fallback through TensorFlow, planned for a service with no TensorFlow worker,
+    waited on kiln.tensorflow for nobody. Routes are planned onto engines that can run them."""
+    spec = load_spec({"targets": ["openvino"]})
+    every = plan_routes(Format.ONNX, spec)
+    assert any(s.engine == "tensorflow" for s in every.steps)  # a fallback through onnx2tf exists
+    served = plan_routes(Format.ONNX, spec, engines={"onnxruntime", "openvino"})
+    assert {s.engine for s in served.steps} <= {"onnxruntime", "openvino"}
+    assert [o.route for o in served.route_options("openvino")] == ["onnx → optimize → openvino_ir ⇒ openvino"]
+    # No route the served engines can run: the cheapest is kept, so the submission names what is missing.
+    tflite = plan_routes(Format.ONNX, load_spec({"targets": ["tflite"]}), engines={"onnxruntime"})
+    assert len(tflite.route_options("tflite")) == 1
+    assert "tensorflow" in {s.engine for s in tflite.steps}
+
+
+def test_a_route_s_engines_include_the_optimiser_s() -> None:
+    reg = default_registry()
+    routes = _routes(reg, Format.KERAS, TargetName.OPENVINO)
+    via_onnx = next(r for r in routes if [c.target for c in r.converters] == [Format.ONNX, Format.OPENVINO_IR])
+    spec = load_spec({"targets": ["openvino"]})
+    assert via_onnx.engines(Format.KERAS, spec) == {"tensorflow", "onnxruntime", "openvino"}
+    no_passes = load_spec({"targets": ["openvino"], "optimize": False})
+    assert via_onnx.engines(Format.KERAS, no_passes) == {"tensorflow", "openvino"}
+
+
+def _routes(reg: Registry, source: Format, target: TargetName) -> list:
+    from services.graph.planner import _candidate_routes
+
+    return _candidate_routes(reg, source, target, Precision.FP32)

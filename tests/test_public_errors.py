@@ -142,3 +142,34 @@ def test_the_excerpt_keeps_the_tools_last_words_and_drops_frames_and_paths() -> 
     body, raw = public_error({"code": "X", "message": "m", "hint": "h", "details": {"output_tail": output}})
     assert raw == output and public_error(body) == (body, None)  # idempotent: nothing left to take
     assert str(REPO_ROOT) not in json.dumps(body)
+
+
+def test_a_converter_failure_keeps_the_tool_s_lines_around_the_error() -> None:
+    """Issue 27: pnnx's `" is not output of any previous nodes."` alone names nothing."""
+    from services.errors import tool_said
+
+    pnnx = "\n".join(
+        [
+            "pnnxparam = model.pnnx.param",
+            "############# pass_level5",
+            "############# pass_ncnn",
+            "Gather_42 input attention_mask.1",
+            '" is not output of any previous nodes.',
+            "",
+        ]
+    )
+    said = tool_said(pnnx)
+    assert said == '############# pass_ncnn | Gather_42 input attention_mask.1 | " is not output of any previous nodes.'
+    # A failure named earlier than the last lines is put in front of them.
+    ov = "Check 'false' failed at unconverted_ops_report.cpp:151:\nSummary:\nops:\n-- com.microsoft.Inverse\n"
+    assert (
+        tool_said(ov, context=1)
+        == "Check 'false' failed at unconverted_ops_report.cpp:151: | … | ops: | -- com.microsoft.Inverse"
+    )
+    # An exception: its type and the frame of the tool that raised it, not only "list index out of range".
+    try:
+        [][1]
+    except IndexError as exc:
+        said = tool_said(str(exc), exc)
+    assert said.startswith("IndexError: list index out of range (raised at ")
+    assert "test_public_errors.py" in said and "in test_a_converter_failure" in said

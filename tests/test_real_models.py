@@ -187,3 +187,31 @@ def test_onnxruntime_int8_of_magika_passes_once_sensitive_nodes_stay_float(tmp_p
     assert int8["per_channel"] is False and "per_channel_refused" in int8  # onnxruntime's own per-channel bias bug
     out = t.parity["outputs"][0]
     assert t.parity["passed"] and out["snr_db"] >= DEFAULT_TOLERANCES[Precision.INT8].min_snr_db
+
+
+@pytest.mark.parametrize("name", ["basic-pitch-tflite", "basic-pitch-savedmodel"])
+def test_basic_pitch_reaches_openvino_by_its_direct_route(name: str, tmp_path: Path, store, repository) -> None:
+    """The TFLite file's subgraph lists onset, note, contour and its signature contour, note, onset: the IR's
+    outputs are named by the tensor each signature name points at, so parity pairs them (issue 30)."""
+    model, path = _fetch(name)
+    spec = load_spec({"targets": ["openvino"], "name": "basic-pitch", "benchmark": False})
+    result = compile_model(path, spec, store=store, repository=repository)
+    target = result.targets["openvino"]
+    assert target.status == "succeeded", target.error
+    direct = f"{model.format} → openvino_ir ⇒ openvino"
+    assert target.route == direct and [a["route"] for a in target.attempts] == [direct]
+    assert sorted(o["name"] for o in target.parity["outputs"]) == ["contour", "note", "onset"]
+    # Independently of Kiln: OpenVINO's own API on the published IR, against LiteRT by signature name.
+    import openvino as ov
+    from ai_edge_litert.interpreter import Interpreter
+
+    feeds = real_models.realistic_inputs(model, path, n=1, seed=5)
+    audio = next(iter(feeds.values())).astype(np.float32)
+    xml = Path(target.published["uri"].removeprefix("file://")) / "model.xml"
+    compiled = ov.Core().compile_model(str(xml), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    got = {o.get_any_name(): np.asarray(v) for o, v in compiled({compiled.inputs[0]: audio}).items()}
+    tflite = real_models.fetch("basic-pitch-tflite")
+    want = Interpreter(str(tflite)).get_signature_runner("serving_default")(input_2=audio)
+    assert {k: v.shape for k, v in got.items()} == {k: v.shape for k, v in want.items()}
+    for key, value in want.items():
+        np.testing.assert_allclose(got[key], value, atol=2e-5)

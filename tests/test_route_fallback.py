@@ -220,3 +220,39 @@ def test_the_queued_service_falls_back_across_engine_workers(
     assert r.status_code == 200
     with tarfile.open(fileobj=io.BytesIO(r.content)) as tar:
         assert {Path(m.name).name for m in tar.getmembers() if m.isfile()} == {"model.xml", "model.bin"}
+
+
+def test_a_parity_failure_is_never_hidden_behind_a_later_route_s_conversion_failure() -> None:
+    """Issue 27: route 1 built an artifact that computes the wrong numbers, route 2 could not build one;
+    the target's error is PARITY_FAILED (the failure that decided it) and lists both."""
+    from services.formats import Format
+    from services.graph.planner import plan_routes
+    from services.pipeline.fallback import all_routes_failed, routing
+
+    plan = plan_routes(Format.KERAS, load_spec({"targets": ["openvino"]}))
+    first, second = (o.route for o in plan.route_options("openvino")[:2])
+    status = {s.id: "pending" for s in plan.steps}
+    status.update({"reference": "succeeded", "keras-to-savedmodel": "succeeded"})
+    status.update({"keras-to-savedmodel/savedmodel-to-openvino-ir": "succeeded", "export:openvino": "failed"})
+    status["keras-to-onnx"] = "failed"
+    parity = {"outputs": [{"name": "logits", "pearson": 0.5}], "passed": False}
+    errors = {
+        "export:openvino": {
+            "code": "PARITY_FAILED",
+            "message": "openvino fp32 artifact differs from the source: logits: Pearson 0.5000 < 0.9999",
+            "hint": "The fp32 artifact computes something other than the source",
+            "details": {"step": "export:openvino", "tool": "export_openvino", "parity": parity},
+        },
+        "keras-to-onnx": {
+            "code": "CONVERSION_FAILED",
+            "message": "tf2onnx: IndexError",
+            "details": {"tool": "tf2onnx"},
+        },
+    }
+    r = routing(plan, status, errors)["openvino"]
+    assert [a.status for a in r.attempts[:2]] == ["failed", "failed"]
+    err = all_routes_failed(r)
+    assert err is not None and err["code"] == "PARITY_FAILED"
+    assert f"(1) {first}: PARITY_FAILED" in err["message"] and f"(2) {second}: CONVERSION_FAILED" in err["message"]
+    assert err["details"]["parity"] == parity
+    assert [a["code"] for a in err["details"]["attempts"]][:2] == ["PARITY_FAILED", "CONVERSION_FAILED"]

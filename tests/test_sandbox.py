@@ -187,3 +187,88 @@ def test_the_view_reads_kilns_own_packages_however_they_were_installed(tmp_path:
         assert folders, name
         for folder in map(Path, folders):
             assert any(folder.resolve() == p or p in folder.resolve().parents for p in read), (name, folder, read)
+
+
+def test_each_step_runs_under_its_resource_limits(env: dict[str, Any], tmp_path: Path) -> None:
+    """Address space, open files, processes and file size are rlimits each step child sets (and cannot raise);
+    CPU time per step is the worker's to count. Limits set low here, and a tenant of its own (a fresh child)."""
+    import dataclasses
+
+    limited = env["settings"].model_copy(
+        update={
+            "step_max_address_space": 3 << 30,
+            "step_max_open_files": 256,
+            "step_max_processes": 64,
+            "step_max_output_bytes": 4 << 20,
+            "step_max_cpu_seconds": 3,
+        }
+    )
+    aims = {"allocate": 4 << 30, "files": 400, "processes": 200, "write_mib": 8}
+    req = dataclasses.replace(_request(env, "jobs_support:limits_step", "limits", aims), settings=limited, tenant="lim")
+    res = run_in_child(req, soft_limit=120, hard_limit=150)
+    assert res.ok, res.error
+    seen = json.loads((env["store"].local_path(res.key) / "out.json").read_text())
+    assert seen["address_space"].startswith("refused: MemoryError"), seen
+    assert seen["open_files"].startswith("refused: OSError") and "Too many open files" in seen["open_files"], seen
+    if os.geteuid() != 0:  # the kernel exempts the host's root user from RLIMIT_NPROC (workers run as uid 10001)
+        assert seen["processes"].startswith("refused:") and "temporarily unavailable" in seen["processes"], seen
+    assert seen["file_size"].startswith("refused: OSError") and "too large" in seen["file_size"], seen
+    assert json.loads(seen["limits"]) == {
+        "RLIMIT_AS": 3 << 30,
+        "RLIMIT_NOFILE": 256,
+        "RLIMIT_NPROC": 64,
+        "RLIMIT_FSIZE": 4 << 20,
+    }
+    # CPU: a step that spins past its 3 CPU seconds is stopped, well before its 120 s time limit.
+    spin = dataclasses.replace(
+        _request(env, "jobs_support:limits_step", "spin", {**aims, "spin_seconds": 60}), settings=limited, tenant="lim"
+    )
+    res = run_in_child(spin, soft_limit=120, hard_limit=150)
+    assert not res.ok and res.error["code"] == "TIMEOUT" and "CPU seconds" in res.error["message"], res.error
+
+
+#: A real character device that bubblewrap's fresh /dev does not have: it stands in for a GPU's
+#: nodes on this host, which has no NVIDIA GPU (the GPU machine runs the real ones: docker/gpu_check.py).
+STAND_IN_DEVICE = Path("/dev/cpu_dma_latency")
+
+
+@pytest.mark.skipif(not STAND_IN_DEVICE.exists(), reason="the stand-in device node is not on this host")
+def test_a_gpu_workers_steps_open_the_gpus_device_nodes_and_a_cpu_workers_do_not(
+    env: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GPU worker's blocker (issue 29): inside bubblewrap a step saw an empty /dev, so CUDA
+    found no device. A worker serving a GPU engine binds the GPU's device nodes in and Landlock
+    allows them; a CPU worker's steps still cannot open them."""
+    import workers.child as child
+    from services.sandbox import gpu_devices
+
+    monkeypatch.setattr(child, "gpu_devices", lambda: gpu_devices([str(STAND_IN_DEVICE)]))
+    monkeypatch.setattr(child, "_DEVICES", ())
+
+    def opened(name: str) -> str:
+        res = run_in_child(
+            # The run's name in its aims too: steps with the same options share one stored output.
+            _request(env, "jobs_support:device_step", name, {"device": str(STAND_IN_DEVICE), "run": name}),
+            soft_limit=60,
+            hard_limit=90,
+        )
+        assert res.ok, res.error
+        return str(json.loads((env["store"].local_path(res.key) / "out.json").read_text())["opened"])
+
+    child._fix_devices(["onnxruntime", "openvino"])
+    assert child._DEVICES == ()
+    assert opened("cpu-worker").startswith("refused"), "a CPU worker's step opened a device it was not given"
+    child._fix_devices(["gpu-cu13"])
+    assert child._DEVICES == (STAND_IN_DEVICE,)
+    assert opened("gpu-worker").startswith("succeeded"), "the GPU worker's step could not open its device"
+
+
+def test_only_character_devices_that_exist_are_taken_as_the_gpus(tmp_path: Path) -> None:
+    from services.sandbox import GPU_DEVICE_PATTERNS, gpu_devices
+
+    (tmp_path / "nvidia0").write_text("a plain file is not a device")
+    assert gpu_devices([str(tmp_path / "nvidia*"), "/dev/null", "/dev/no-such-node*"]) == (Path("/dev/null"),)
+    # This host has no NVIDIA driver: its patterns find nothing, so a CPU host binds nothing.
+    assert gpu_devices(GPU_DEVICE_PATTERNS) == tuple(
+        sorted(p for p in Path("/dev").glob("nvidia*") if p.is_char_device())
+    )

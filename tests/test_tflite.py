@@ -211,3 +211,59 @@ def test_tflite_without_signature_source(tf_dir: Path, store, repository) -> Non
         assert target.status == "succeeded", (name, target.error)
         assert target.parity["outputs"][0]["max_abs"] < 1e-5
     assert result.steps["tflite-to-onnx"].meta["inputs"][0]["name"] == "x"
+
+
+# --- files as TFLite's own tools write them (issue 27) -----------------------------------------
+
+
+def _with_metadata_zip(tflite: Path, dest: Path) -> Path:
+    """Append a zip of associated files to a .tflite, as TFLite's metadata writers and Model Maker do."""
+    import io
+    import zipfile
+
+    packed = io.BytesIO()
+    with zipfile.ZipFile(packed, "w") as zf:
+        zf.writestr("labels.txt", "\n".join(f"class_{i}" for i in range(10)))
+        zf.writestr("vocab.txt", "a\nb\n")
+    dest.write_bytes(tflite.read_bytes() + packed.getvalue())
+    return dest
+
+
+def test_a_tflite_file_with_appended_metadata_is_tflite_not_an_archive(
+    mlp_results, tmp_path: Path, store, repository
+) -> None:
+    import zipfile
+
+    from services.formats import Format, detect_format, open_source
+    from services.inspect_model import inspect_model
+
+    plain = _published(mlp_results["fp32"][0], "tflite") / "model.tflite"
+    src = _with_metadata_zip(plain, tmp_path / "with_metadata.tflite")
+    assert zipfile.is_zipfile(src)  # what fooled detection before
+    assert detect_format(src)[0] is Format.TFLITE
+    opened = open_source(src, tmp_path / "work")
+    assert opened.path == src and opened.path.is_file()
+    summary = inspect_model(src, tmp_path / "inspect")
+    assert summary.format == "tflite" and [t.name for t in summary.inputs] == ["x"]
+    result = compile_model(src, _spec(["onnxruntime", "openvino", "tflite"]), store=store, repository=repository)
+    for name, target in result.targets.items():
+        assert target.status == "succeeded", (name, target.error)
+        assert target.parity["outputs"][0]["max_abs"] < 1e-4, name
+
+
+def test_inspect_shows_a_quantised_tflite_model_s_integer_io_and_its_artifact_says_it_keeps_it(
+    mlp_results, tmp_path: Path, store, repository
+) -> None:
+    from services.inspect_model import inspect_model
+
+    src = _published(mlp_results["int8-integer-io"][0], "tflite") / "model.tflite"
+    summary = inspect_model(src, tmp_path / "inspect").to_dict()
+    (x,) = summary["inputs"]
+    (logits,) = summary["outputs"]
+    assert (x["name"], x["dtype"]) == ("x", "int8") and (logits["name"], logits["dtype"]) == ("logits", "int8")
+    assert x["quantization"]["scale"] > 0 and isinstance(x["quantization"]["zero_point"], int)
+    result = compile_model(src, _spec(["tflite"]), store=store, repository=repository)
+    target = result.targets["tflite"]
+    assert target.status == "succeeded", target.error
+    kept = [w for w in target.warnings if "keeps the source's quantised integer I/O" in w]
+    assert kept and "input x (int8, scale" in kept[0] and "output logits (int8" in kept[0]

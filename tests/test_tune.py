@@ -239,6 +239,10 @@ def test_cli_json_shape_table_and_publish(cnn_onnx: Path, cache_dir: Path, tmp_p
     tune = manifest["tune"]
     assert tune["chosen"]["target"] == "onnxruntime" and tune["chosen"]["settings"]["threads"] >= 1
     assert "Conv" in {op["op_type"] for op in tune["profiles"]["recommendation"]["top_ops"]}
+    # The tune, written into the manifest after the publish, is signed with it: the version verifies.
+    verified = run_kiln("verify", str(repo / "triton" / "cnn" / "1"), "--json")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert json.loads(verified.stdout)["signed_files"] == 2
 
 
 def test_cli_refuses_and_fails_with_exit_statuses(cnn_onnx: Path, cache_dir: Path) -> None:

@@ -169,3 +169,28 @@ def test_feeds_pair_by_spelling_before_position() -> None:
     assert list(fed) == ["past_key_values_0_value", "input_ids", "past_key_values_0_key"]
     assert fed["past_key_values_0_value"][0, 0] == 2.0 and fed["past_key_values_0_key"][0, 0] == 1.0
     assert fed["input_ids"].dtype == np.int32
+
+
+def test_a_failing_bound_is_printed_with_the_digits_that_make_it_true() -> None:
+    """Issue 27: "Pearson 0.9999 < 0.9999" for 0.99987 read as a broken gate."""
+    tol = Tolerances(min_pearson=0.9999, min_cosine=0.999999, min_snr_db=40.0, min_top1=1.0)
+    o = OutputParity("y", 1e-3, 1e-3, 0.9999987, 0.9995, False, values=10, pearson=0.99987, snr_db=39.96)
+    said = " ".join(verdict_failures([o], tol))
+    assert "Pearson 0.99987 < 0.9999" in said
+    assert "cosine 0.9999987 < 0.999999" in said
+    assert "SNR 39.96 dB < 40 dB" in said
+    assert "top-1 agreement 99.95% < 100%" in said
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "int8"])
+def test_a_parity_hint_fits_the_precision(precision: str) -> None:
+    a = [{"y": np.linspace(0, 1, 64, dtype=np.float32)}]
+    e = [{"y": np.linspace(0, 1, 64, dtype=np.float32)[::-1].copy()}]
+    report = check_parity(a, e, DEFAULT_TOLERANCES[Precision(precision)], inputs_from="test", raise_on_failure=False)
+    assert not report.passed
+    hint = report.hint(precision)
+    assert hint is not None
+    if precision == "fp32":
+        assert "higher precision" not in hint and "conversion changed the model" in hint
+    else:
+        assert "higher precision" in hint and precision in hint

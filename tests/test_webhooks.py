@@ -170,3 +170,38 @@ def test_the_outbound_check_refuses_the_service_s_own_networks(url: str) -> None
     with pytest.raises(InvalidSpec):
         check_url(url)
     check_url(url, ["127.0.0.0/8", "::1/128", "192.168.0.0/16"])  # allowed explicitly
+
+
+@pytest.mark.parametrize(
+    ("address", "inside"),
+    [
+        ("::7f00:1", "127.0.0.1"),  # IPv4-compatible
+        ("::ffff:127.0.0.1", "127.0.0.1"),  # IPv4-mapped
+        ("64:ff9b::a9fe:a9fe", "169.254.169.254"),  # NAT64: the metadata endpoint through a gateway
+        ("64:ff9b::a00:7", "10.0.0.7"),
+        ("2002:7f00:1::", "127.0.0.1"),  # 6to4
+        ("2002:a9fe:a9fe::1", "169.254.169.254"),
+    ],
+)
+def test_ipv6_forms_that_embed_an_internal_ipv4_address_are_refused(address: str, inside: str) -> None:
+    """Python's is_global says yes to all of these but the mapped form: the IPv4 inside decides."""
+    import ipaddress
+
+    from services.webhooks import embedded_ipv4, internal_address
+
+    addr = ipaddress.ip_address(address)
+    assert ipaddress.ip_address(inside) in embedded_ipv4(addr)  # type: ignore[arg-type]
+    assert internal_address(addr)
+    with pytest.raises(InvalidSpec) as info:
+        check_url(f"http://[{address}]:8080/hook")
+    assert "loopback, link-local or private" in info.value.message
+
+
+def test_ipv6_forms_of_a_public_ipv4_address_and_plain_public_ipv6_pass() -> None:
+    import ipaddress
+
+    from services.webhooks import internal_address
+
+    for address in ("64:ff9b::808:808", "2002:808:808::1", "2606:4700:4700::1111", "8.8.8.8"):
+        assert not internal_address(ipaddress.ip_address(address)), address
+    assert internal_address(ipaddress.ip_address("64:ff9b:1::808:808"))  # local-use NAT64: the operator's

@@ -311,3 +311,85 @@ def test_the_embedded_broker_never_hands_out_a_half_written_message(tmp_path: Pa
         message.ack()
         queue.close()
     assert [p.name for p in folder.iterdir()] == [".tmp-1_x.kiln.onnxruntime.msg"]
+
+
+def test_a_child_that_dies_while_starting_reports_its_traceback(
+    env: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fault of issue 27: the child's preparation chdirs to a folder it cannot see and dies.
+
+    Nothing of Kiln's ran in that child: what it printed (multiprocessing's traceback) must
+    still reach the step's error and its log, not only the worker's stderr.
+    """
+    from multiprocessing import spawn
+
+    child._context(settings=env["settings"])  # installs Kiln's own preparation hook first
+    kiln_prepared = spawn.get_preparation_data
+
+    def unreachable_dir(name: str) -> dict[str, Any]:
+        data = kiln_prepared(name)
+        if name == "kiln-step":
+            data["dir"] = str(env["root"] / "gone" / "where-kiln-serve-started")
+        return data
+
+    child.shutdown_children()  # no idle child: the step needs a fresh one
+    monkeypatch.setattr(spawn, "get_preparation_data", unreachable_dir)
+    res = _run(env, "ok_step", "dies-starting")
+    assert not res.ok and res.error["code"] == "CONVERSION_FAILED"
+    assert "while its step child was starting" in res.error["message"]
+    assert "exited with status 1" in res.error["message"]
+    tail = res.error["details"]["output_tail"]
+    # The traceback's last lines: where it failed and why.
+    assert "os.chdir(data['dir'])" in tail and "FileNotFoundError" in tail and "where-kiln-serve-started" in tail
+    assert "FileNotFoundError" in res.log  # the job log has it too
+    monkeypatch.undo()
+    assert _run(env, "ok_step", "after-dying-start").ok  # the next child starts where it can
+
+
+def test_a_child_starts_in_its_own_area_whatever_the_worker_s_working_directory(
+    env: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`kiln serve` started from a folder the sandbox does not bind (issue 27): the step runs."""
+    away = tmp_path / "started-here"
+    away.mkdir()
+    monkeypatch.chdir(away)
+    child.shutdown_children()
+    res = _run(env, "ok_step", "from-elsewhere")
+    assert res.ok, res.error
+
+
+def test_an_idle_child_is_handed_only_steps_of_the_tenant_it_served(env: dict[str, Any]) -> None:
+    """Issue 31: children were reused across tenants, so a step that hid in its child saw another tenant's steps."""
+    import dataclasses
+
+    def run(name: str, tenant: str) -> Any:
+        req = dataclasses.replace(_request(env, "jobs_support:ok_step", name), tenant=tenant)
+        res = run_in_child(req, soft_limit=60, hard_limit=90)
+        assert res.ok, res.error
+        return res
+
+    a1, a2 = run("tenant-a-1", "team-a"), run("tenant-a-2", "team-a")
+    b1 = run("tenant-b-1", "team-b")
+    a3 = run("tenant-a-3", "team-a")
+    assert a1.pid == a2.pid == a3.pid  # a tenant's steps still reuse its warm child ...
+    assert b1.pid != a1.pid and _alive(a1.pid) and _alive(b1.pid)  # ... another tenant gets its own
+
+
+def test_the_last_free_slot_of_a_worker_is_kept_from_a_tenant_already_running_there() -> None:
+    from workers.slots import TenantSlots
+
+    slots = TenantSlots()
+    slots.configure(3, shared=True)
+    assert slots.take("a") and slots.take("a")
+    assert not slots.take("a")  # a third would leave the others nothing
+    assert slots.take("b")  # another tenant takes the last one
+    slots.give_back("a")  # a: 1, b: 1 of 3 slots
+    assert not slots.take("a")  # the last free one is not a's, which runs here already
+    assert slots.take("c") and not slots.take("c")  # a tenant new here may take it, once
+    assert slots.running() == {"a": 1, "b": 1, "c": 1}
+    alone = TenantSlots()
+    alone.configure(2, shared=False)  # auth off: one caller, no reservation
+    assert alone.take("x") and alone.take("x")
+    single = TenantSlots()
+    single.configure(1, shared=True)  # one slot: nothing to reserve
+    assert single.take("x")

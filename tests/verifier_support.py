@@ -60,6 +60,38 @@ def conv_net(path: Path, seed: int = 0) -> Path:
     return _save(graph, path)
 
 
+def large_logits(path: Path, seed: int = 0) -> Path:
+    """x [N,3,16,16] -> conv net whose logits reach ~1e3: a per-pixel map y [N,4,16,16] and class scores z [N,10].
+
+    The magnitudes of MediaPipe's segmentation logits (~1700) and of an embedding of +-46: one
+    unit of an absolute atol is far below what float rounding leaves at that size (fp16 spaces
+    values near 1000 0.5 apart), while the values cross zero everywhere.
+    """
+    rng = np.random.default_rng(seed)
+    w1 = (rng.standard_normal((8, 3, 3, 3)) * 0.4).astype(np.float32)
+    w2 = (rng.standard_normal((4, 8, 3, 3)) * 60.0).astype(np.float32)
+    fc = (rng.standard_normal((8, 10)) * 400.0).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2"], ["y"], name="seg", pads=[1, 1, 1, 1]),
+        helper.make_node("GlobalAveragePool", ["r1"], ["p"], name="pool"),
+        helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
+        helper.make_node("MatMul", ["f", "fc"], ["z"], name="head"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "large_logits",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 16, 16])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 16, 16]),
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", 10]),
+        ],
+        [numpy_helper.from_array(a, n) for a, n in ((w1, "w1"), (w2, "w2"), (fc, "fc"))],
+    )
+    return _save(graph, path)
+
+
 def masked_mean(path: Path, seed: int = 0) -> Path:
     """x [N,T] float, mask [N,T] int64 -> y [N,4]: a projection of the mask-weighted mean of x over T."""
     w = (np.random.default_rng(seed).standard_normal((1, 4)) * 2).astype(np.float32)

@@ -17,6 +17,7 @@ from workers import child
 from workers.app import create_celery_app
 from workers.maintenance import Maintenance
 from workers.probe import engine_versions, resolve_served
+from workers.slots import slots
 
 __all__ = ["run_worker", "worker_argv"]
 
@@ -64,6 +65,7 @@ def run_worker(
     child.configure(loaded, settings)
     hostname = f"kiln-{'+'.join(served)}-{os.getpid()}@{socket.gethostname()}"
     app.conf.kiln_engines = tuple(served)  # lets a task run the next step of a chain itself
+    slots.configure(concurrency, shared=settings.auth_enabled)  # tenants share it: keep a slot free (workers/slots.py)
     # One line on what protects the host from the models this worker runs (docs/security.md).
     print(child.protection(settings).summary(), file=sys.stderr, flush=True)
     stores = JobStores.open(url)

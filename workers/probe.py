@@ -28,6 +28,13 @@ def resolve_engines(requested: list[str] | tuple[str, ...]) -> list[str]:
         eng = ENGINES[name]
         if not eng.is_installed():
             missing = [m for m in eng.modules if not _importable(m)]
+            if not missing:  # the modules are there, the device is not (the GPU engine on a CPU box)
+                raise EngineUnavailable(
+                    f"engine {name} cannot run here: {eng.unavailable()}",
+                    hint=f"Run its worker where the device is (the worker-{name} image on a GPU node); "
+                    f"engines installed here: {', '.join(installed) or 'none'}.",
+                    engine=name,
+                )
             raise EngineUnavailable(
                 f"engine {name} cannot run here: module(s) {', '.join(missing)} not installed",
                 hint=f"Install it with pip install 'kiln[{eng.extra}]' or use an image built for it; "

@@ -60,8 +60,10 @@ def tunable_engines() -> list[str]:
     return list(dict.fromkeys(targets[t].engine for t in TUNABLE_TARGETS if t in targets))
 
 
-def enqueue_steps(celery_app: Any, job_id: str, steps: Iterable[tuple[str, str]]) -> None:
-    """Send ``(job_id, step_id)`` for each ``(step_id, engine)`` to that engine's queue."""
+def enqueue_steps(
+    celery_app: Any, job_id: str, steps: Iterable[tuple[str, str]], *, countdown: float | None = None
+) -> None:
+    """Send ``(job_id, step_id)`` for each ``(step_id, engine)`` to that engine's queue (due in ``countdown`` s)."""
     for step_id, engine in steps:
         celery_app.send_task(
             task_name(engine),
@@ -70,4 +72,5 @@ def enqueue_steps(celery_app: Any, job_id: str, steps: Iterable[tuple[str, str]]
             routing_key=queue_name(engine),
             retry=True,
             retry_policy=PUBLISH_RETRY,
+            countdown=countdown,
         )

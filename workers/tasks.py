@@ -26,12 +26,14 @@ from services.errors import KilnError
 from services.graph.planner import PlanStep
 from services.jobs.backends import open_repository, open_store
 from services.jobs.db import database_url
-from services.jobs.scheduling import ClaimedStep, Progress, StepScheduler
+from services.jobs.quotas import DEFER_SECONDS
+from services.jobs.scheduling import ClaimedStep, Progress, StepDeferred, StepScheduler
 from services.pipeline.executor import step_cache_key
 from services.settings import Settings
 from services.spec import CompileSpec
 from workers.child import ChildResult, StepRequest, fetch_local, run_in_child
 from workers.queues import enqueue_steps
+from workers.slots import slots
 
 __all__ = ["StepRun", "execute_step", "worker_name"]
 
@@ -49,7 +51,7 @@ class StepRun:
 
     job_id: str
     step_id: str
-    outcome: str  # skipped | succeeded | failed | cancelled | lost
+    outcome: str  # skipped | deferred | succeeded | failed | cancelled | lost
     cached: bool = False
     timings: dict[str, float] = field(default_factory=dict)  # ms: claim, run, step, record, enqueue
 
@@ -65,7 +67,8 @@ def _cached_artifact(claim: ClaimedStep, step: PlanStep, spec: CompileSpec, stor
     """
     if not claim.use_cache or step.kind == "publish":
         return None
-    key = step_cache_key(step, spec, {**claim.input_keys, "source": claim.source_sha256}, claim.calibration_sha256)
+    keys = {**claim.input_keys, "source": claim.source_sha256}
+    key = step_cache_key(step, spec, keys, claim.calibration_sha256, claim.evaluation_sha256)
     if not store.exists(key):
         return None
     local = fetch_local(store, key, settings.cache_dir / "worker-fetch")
@@ -190,11 +193,15 @@ def _run_claimed(claim: ClaimedStep, jobs: StepScheduler, settings: Settings) ->
             calibration_key=claim.calibration_key,
             calibration_filename=claim.calibration_filename,
             calibration_sha256=claim.calibration_sha256,
+            evaluation_key=claim.evaluation_key,
+            evaluation_filename=claim.evaluation_filename,
+            evaluation_sha256=claim.evaluation_sha256,
             use_cache=claim.use_cache,
             source_format=claim.source_format,
             source_sha256=claim.source_sha256,
             source_seen=claim.source_seen,
             route_attempts=claim.route_attempts,
+            tenant=claim.tenant,
         )
         result = run_in_child(
             req,
@@ -241,19 +248,40 @@ def execute_step(
     """
     jobs = jobs or _job_store(database_url(settings))
     t0 = time.perf_counter()
-    claim = jobs.claim_step(job_id, step_id, worker_name(), settings.step_stale_after)
-    if claim is None:
-        log.info(
-            "step %s of job %s is not runnable here (done, cancelled or owned); dropping delivery", step_id, job_id
-        )
+    owner = jobs.step_owner(job_id, step_id)
+    if owner is None:
         return [StepRun(job_id, step_id, "skipped")]
-    runs = []
-    claim_ms = (time.perf_counter() - t0) * 1000
-    while claim is not None:
-        run, claim = _run_and_record(claim, jobs, settings, celery_app, engines, claim_ms)
-        runs.append(run)
-        claim_ms = 0.0  # the next one was claimed while recording this one
-    return runs
+    tenant, engine = owner
+    if not slots.take(tenant):  # the last free slot here is kept for another tenant (workers/slots.py)
+        return [_defer(celery_app, job_id, step_id, engine, f"tenant {tenant} may not take this worker's last slot")]
+    try:
+        try:
+            claim = jobs.claim_step(
+                job_id, step_id, worker_name(), settings.step_stale_after, max_running=settings.tenant_max_running_jobs
+            )
+        except StepDeferred as wait:  # its tenant runs its quota of jobs (services/jobs/quotas.py)
+            return [_defer(celery_app, job_id, step_id, engine, str(wait))]
+        if claim is None:
+            log.info(
+                "step %s of job %s is not runnable here (done, cancelled or owned); dropping delivery", step_id, job_id
+            )
+            return [StepRun(job_id, step_id, "skipped")]
+        runs = []
+        claim_ms = (time.perf_counter() - t0) * 1000
+        while claim is not None:
+            run, claim = _run_and_record(claim, jobs, settings, celery_app, engines, claim_ms)
+            runs.append(run)
+            claim_ms = 0.0  # the next one was claimed while recording this one
+        return runs
+    finally:
+        slots.give_back(tenant)
+
+
+def _defer(celery_app: Any, job_id: str, step_id: str, engine: str, why: str) -> StepRun:
+    """Hand a delivery back to its queue, due in DEFER_SECONDS: this worker takes the next one meanwhile."""
+    enqueue_steps(celery_app, job_id, [(step_id, engine)], countdown=DEFER_SECONDS)
+    log.info("step %s of job %s waits: %s", step_id, job_id, why)
+    return StepRun(job_id, step_id, "deferred")
 
 
 def _run_and_record(

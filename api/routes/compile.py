@@ -15,6 +15,7 @@ from api.schemas import ErrorPublic, JobAccepted
 from api.submission import Planner, submit_job
 from api.upload import Upload, receive_upload
 from services.jobs.idempotency import IdempotencyClaim, KeyTaken
+from services.jobs.quotas import QUOTA_DESCRIPTION, TenantQuota
 
 router = APIRouter(tags=["jobs"])
 
@@ -28,11 +29,13 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorPublic, "description": "UNAUTHORIZED"},
     403: {
         "model": ErrorPublic,
-        "description": "FORBIDDEN (a read token; a model name of another tenant; a cross-site browser request)",
+        "description": "FORBIDDEN (a read token; a model name of another tenant; a serving.root other than the "
+        "deployment's, from a tenant's token; a cross-site browser request)",
     },
     413: {"model": ErrorPublic, "description": "UPLOAD_TOO_LARGE"},
     415: {"model": ErrorPublic, "description": "UNSUPPORTED_FORMAT"},
     422: {"model": ErrorPublic, "description": "INVALID_SPEC (naming the field), NO_ROUTE"},
+    429: {"model": ErrorPublic, "description": QUOTA_DESCRIPTION},
     503: {
         "model": ErrorPublic,
         "description": "SERVICE_UNAVAILABLE (broker down), ENGINE_UNAVAILABLE (an engine the job needs has no "
@@ -48,7 +51,7 @@ _BODY = {
             "schema": {
                 # The component this becomes (api/openapi.py), so generated clients name it.
                 "title": "JobCreate",
-                "description": "A model and its CompileSpec (and int8 calibration data).",
+                "description": "A model and its CompileSpec (and int8 calibration data, labelled evaluation data).",
                 "type": "object",
                 "required": ["model", "spec"],
                 "properties": {
@@ -64,6 +67,13 @@ _BODY = {
                         "description": "Optional .npz of real inputs (int8 calibration and parity inputs): "
                         "arrays keyed by input name, samples stacked on axis 0, or whole feeds keyed "
                         "`<sample>/<input>` (any shapes: scalars, a state batched on another axis).",
+                    },
+                    "evaluation": {
+                        "type": "string",
+                        "format": "binary",
+                        "description": "The .npz the spec's `evaluation` scores the source and every artifact on: "
+                        "the inputs as in `calibration` plus `labels` (or `<sample>/labels`). A target that loses "
+                        "more than evaluation.max_drop fails with ACCURACY_DROP_EXCEEDED.",
                     },
                 },
             },
@@ -139,6 +149,8 @@ async def accept_upload(
             embedded=request.app.state.embedded,
             webhooks=request.app.state.webhook_policy,
             prepare=prepare,
+            repository=request.app.state.repository,
+            quota=TenantQuota.of(intake.settings, principal.max_running_jobs, principal.max_queued_jobs),
         )
     except KeyTaken as taken:  # a repeat that raced the first attempt: that one recorded the job
         assert claim is not None

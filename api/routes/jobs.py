@@ -33,6 +33,7 @@ from services.errors import NotFound
 from services.graph.planner import Plan
 from services.jobs.idempotency import IdempotencyClaim, KeyTaken
 from services.jobs.models import FINAL_JOB_STATES, OPEN_STEP_STATES, JobEvent
+from services.jobs.quotas import QUOTA_DESCRIPTION, TenantQuota
 from services.jobs.store import JobFilter, JobStore
 from services.pipeline.fallback import routing
 from services.public_errors import public_error
@@ -312,7 +313,9 @@ def job_log_lines(jobs: JobStore, job_id: str, tenant: str | None) -> list[str]:
         **ACCEPTED_RESPONSE,
         **_404,
         **IDEMPOTENCY_RESPONSES,
+        403: {"model": ErrorPublic, "description": "FORBIDDEN (a serving.root other than the deployment's)"},
         422: {"model": ErrorPublic, "description": "INVALID_SPEC, NO_ROUTE"},
+        429: {"model": ErrorPublic, "description": QUOTA_DESCRIPTION},
     },
     summary="Submit a job again: same source, same or edited spec",
 )
@@ -353,6 +356,8 @@ async def resubmit_job(
             use_cache=True,
             idempotency=claim,
             webhooks=request.app.state.webhook_policy,
+            repository=request.app.state.repository,
+            quota=TenantQuota.of(request.app.state.settings, principal.max_running_jobs, principal.max_queued_jobs),
         )
     except KeyTaken as taken:  # a repeat that raced the first attempt
         assert claim is not None

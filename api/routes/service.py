@@ -11,19 +11,32 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from api.auth import Principal
-from api.deps import ModelNamesDep, ReadAuth, RepositoryDep, WorkersDep
+from api.deps import (
+    JobStoreDep,
+    ModelNamesDep,
+    ReadAuth,
+    RepositoryDep,
+    SignatureChecksDep,
+    WorkersDep,
+    optional_reader,
+)
 from api.schemas import (
     EnginePublic,
     EnginesPublic,
     HealthPublic,
     ModelPublic,
+    QuotaPublic,
     ReadyPublic,
     RepositoryPublic,
+    SignaturePublic,
     VersionPublic,
     WorkerPublic,
 )
+from services.gpu.device import GpuDevice
 from services.graph.engines import queue_name
-from services.repository.publish import MANIFEST, MODEL_META, published_models
+from services.jobs.quotas import QuotaStore, TenantQuota
+from services.repository.checks import SignatureChecks
+from services.repository.publish import MANIFEST, MODEL_META, configured_serving_root, published_models
 from workers.queues import queue_engines
 
 router = APIRouter(tags=["service"])
@@ -40,7 +53,10 @@ def engines(request: Request, _: ReadAuth, registry: WorkersDep) -> EnginesPubli
     for name in queue_engines():
         serving = [w for w in live if name in w.engines]
         versions: dict[str, str] = next((w.versions.get(name, {}) for w in serving), {})
-        out.append(EnginePublic(name=name, queue=queue_name(name), workers=len(serving), versions=versions))
+        devices = [d.to_dict() for w in serving if (d := GpuDevice.from_versions(w.versions.get(name, {})))]
+        out.append(
+            EnginePublic(name=name, queue=queue_name(name), workers=len(serving), versions=versions, devices=devices)
+        )
     workers = [
         WorkerPublic(
             hostname=w.hostname,
@@ -55,19 +71,61 @@ def engines(request: Request, _: ReadAuth, registry: WorkersDep) -> EnginesPubli
     return EnginesPublic(engines=out, workers=workers)
 
 
+@router.get("/quota", response_model=QuotaPublic, summary="The caller's tenant: its jobs against its quotas")
+def quota(request: Request, principal: ReadAuth, jobs: JobStoreDep) -> QuotaPublic:
+    """Return how many of the caller's tenant's jobs run and wait, and the limits the caller's token submits under."""
+    return quota_of(principal, jobs, request.app.state.settings)
+
+
+def quota_of(principal: Principal, jobs: Any, settings: Any) -> QuotaPublic:
+    """Return ``principal``'s tenant's usage and its token's quotas (also on the dashboard's job list)."""
+    limits = TenantQuota.of(settings, principal.max_running_jobs, principal.max_queued_jobs)
+    usage = QuotaStore(jobs.db).usage(principal.tenant)
+    return QuotaPublic(
+        tenant=principal.tenant,
+        running=usage.running,
+        max_running=limits.max_running,
+        queued=usage.queued,
+        max_queued=limits.max_queued,
+    )
+
+
 @router.get("/repository", response_model=RepositoryPublic, summary="Published models and versions")
-def repository(principal: ReadAuth, repo: RepositoryDep, names: ModelNamesDep) -> RepositoryPublic:
-    """Return the models of the caller's tenant (an admin: every model) with their versions and provenance headlines."""
-    return repository_listing(principal, repo, names)
+def repository(
+    principal: ReadAuth, repo: RepositoryDep, names: ModelNamesDep, checks: SignatureChecksDep
+) -> RepositoryPublic:
+    """Return the models of the caller's tenant (an admin: every model) with their versions, provenance headlines
+    and signatures: whether each version's files are still the ones Kiln signed."""
+    return repository_listing(principal, repo, names, checks)
 
 
-def repository_listing(principal: Principal, repo: Any, names: Any) -> RepositoryPublic:
+def signature_public(checks: SignatureChecks, repo: Any, model_dir: str, version: int) -> SignaturePublic:
+    """Return the version's signature verdict as the API shows it."""
+    verdict = checks.check(repo, model_dir, version)
+    body = verdict.to_dict()
+    return SignaturePublic.model_validate({k: body[k] for k in ("status", "code", "message", "key_id", "problems")})
+
+
+def repository_listing(principal: Principal, repo: Any, names: Any, checks: SignatureChecks) -> RepositoryPublic:
     """Return the repository as ``principal`` may see it: its tenant's model names only, unless admin.
 
     A name no job of this service published (put there by `kiln compile`, say) has no owner
-    and is listed to admins only.
+    and is listed to admins only. Each version is verified against its signature (again only
+    when its files changed: services/repository/checks.py). Only admins see the repository's own
+    location (a host path or bucket); a tenant's URIs are relative to the serving root in force
+    (bare when none is set).
     """
     owned = None if principal.sees_all else names.owned_by(principal.tenant)
+    # A tenant sees where the serving engines find a model, never where this host keeps it.
+    served = None if principal.sees_all else (configured_serving_root(repo) or "")
+
+    def uri(rel: str = "") -> str:
+        if served is None:
+            return str(repo.uri(rel) if rel else repo.uri())
+        if not served or not rel:
+            return served or rel
+        return f"{served.rstrip('/')}/{rel}"
+
     models = []
     for root, name in published_models(repo):
         if owned is not None and name not in owned:
@@ -82,17 +140,18 @@ def repository_listing(principal: Principal, repo: Any, names: Any) -> Repositor
             versions.append(
                 VersionPublic(
                     version=v,
-                    uri=repo.uri(f"{model_dir}/{v}"),
+                    uri=uri(f"{model_dir}/{v}"),
                     published_at=manifest.get("published_at"),
                     precision=manifest.get("precision"),
                     source_sha256=(manifest.get("source") or {}).get("sha256"),
                     job_id=manifest.get("job_id"),
+                    signature=signature_public(checks, repo, model_dir, v),
                 )
             )
         models.append(
             ModelPublic(name=name, root=root, target=meta.get("target"), format=meta.get("format"), versions=versions)
         )
-    return RepositoryPublic(uri=repo.uri(), models=models)
+    return RepositoryPublic(uri=uri(), models=models)
 
 
 @router.get("/healthz", response_model=HealthPublic, summary="Liveness: the process answers")
@@ -128,6 +187,9 @@ def _broker_ok(celery_app: Any) -> None:
 async def readyz(request: Request) -> JSONResponse:
     """Answer 200 `ready` when the service can run jobs; 503 `starting` or `unavailable` otherwise.
 
+    Anyone may call it; with auth on, only a caller with a read token (or a dashboard session)
+    sees what failed and which engines are starting: the others get "ok" or "fail" per check.
+
     Under `kiln serve`, ready also means that its workers for the engines installed have
     started: until then (bounded by KILN_EMBEDDED_START_SECONDS) the answer is 503 `starting`,
     with the engines in `starting` (jobs submitted meanwhile are accepted and wait).
@@ -138,6 +200,11 @@ async def readyz(request: Request) -> JSONResponse:
     status: Literal["ready", "starting", "unavailable"] = (
         "ready" if ok else "starting" if only_starting else "unavailable"
     )
+    if await optional_reader(request) is None:
+        # Anyone may ask (load balancers, probes), but what failed and how (a database address in
+        # a driver's error, the engines installed) is for a caller with a token: ok or fail only.
+        checks = {k: "ok" if v == "ok" else "fail" for k, v in checks.items()}
+        starting = []
     body = ReadyPublic(status=status, checks=checks, starting=starting)
     return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
 

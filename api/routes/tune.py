@@ -49,6 +49,12 @@ _BODY = {
                         "format": "binary",
                         "description": "Optional .npz of real inputs (int8 calibration and parity).",
                     },
+                    "evaluation": {
+                        "type": "string",
+                        "format": "binary",
+                        "description": "Optional labelled .npz for the spec's `evaluation`: an accuracy floor, a "
+                        "candidate losing more than evaluation.max_drop is pruned.",
+                    },
                 },
             },
             "encoding": {"spec": {"contentType": "application/json"}, "tune": {"contentType": "application/json"}},

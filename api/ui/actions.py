@@ -7,6 +7,7 @@ redirect, so the browser's back button and reload do the expected thing.
 from __future__ import annotations
 
 import json
+from math import ceil
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -19,6 +20,7 @@ from api.submission import resubmit
 from api.ui.pages import load_job
 from api.ui.session import check_csrf, dashboard_form, error_page, render, viewer
 from services.errors import InvalidSpec, KilnError
+from services.jobs.quotas import TenantQuota
 
 __all__ = ["router"]
 
@@ -49,9 +51,17 @@ async def login(request: Request) -> Response:
     state = request.app.state
     if not state.settings.auth_enabled:
         return RedirectResponse(target, status_code=303)
+    client = request.client.host if request.client else "unknown"
+    wait = state.login_throttle.retry_after(client)
+    if wait > 0:  # too many wrong tokens from this address lately: not even looked up (api/login_throttle.py)
+        page = render(request, "login.html", NOBODY, status_code=429, next=target, failed=False, wait=ceil(wait))
+        page.headers["Retry-After"] = str(ceil(wait))
+        return page
     rec = await run_in_threadpool(state.tokens.verify_token, token) if token else None
     if rec is None:
+        state.login_throttle.failed(client)
         return render(request, "login.html", NOBODY, status_code=401, next=target, failed=True)
+    state.login_throttle.succeeded(client)
     # The browser gets a signed session id; the token itself stays on this side.
     lifetime = state.settings.session_lifetime
     session_id = await run_in_threadpool(state.sessions.open_session, rec.id, lifetime)
@@ -133,6 +143,8 @@ async def resubmit_post(request: Request, job_id: str) -> Response:
             spec,
             principal=who,
             use_cache=True,
+            repository=state.repository,
+            quota=TenantQuota.of(state.settings, who.max_running_jobs, who.max_queued_jobs),
         )
     except KilnError as exc:
         try:

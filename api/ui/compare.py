@@ -31,7 +31,7 @@ def _compare_context(request: Request, who: Principal) -> dict[str, Any]:
     latency = q.get("latency", "p50")
     latency = latency if latency in ("p50", "p99") else "p50"
     accuracy = q.get("accuracy", "cosine")
-    accuracy = accuracy if accuracy in ("cosine", "top1") else "cosine"
+    accuracy = accuracy if accuracy in ("cosine", "top1", "task") else "cosine"
     batch = int(q["batch"]) if q.get("batch", "").isdigit() else 1
     ids = [i for i in q.get("jobs", "").split(",") if i][:20]
     diff = q.get("diff") == "1"
@@ -61,7 +61,7 @@ def _compare_context(request: Request, who: Principal) -> dict[str, Any]:
             points,
             required,
             f"{latency} latency at batch {batch} (ms)",
-            "worst cosine" if accuracy == "cosine" else "worst top-1 agreement",
+            {"cosine": "worst cosine", "top1": "worst top-1 agreement"}.get(accuracy, "task metric on labelled data"),
             f"Latency vs accuracy of source {sha[:12]}",
         )
         ctx["batches"] = sorted({b["batch_size"] for j in jobs for t in j.targets.values() for b in t.benchmark})
@@ -115,6 +115,11 @@ def _side_by_side(jobs: list[JobPublic], diff: bool) -> list[tuple[str, list[str
                 cos = [o["cosine"] for o in t.parity.get("outputs", []) if o.get("cosine") is not None]
                 if cos:
                     flat[f"{t.target}.worst cosine"] = f"{min(cos):.6f}"
+            ev = t.evaluation or {}
+            if ev.get("artifact") is not None:
+                flat[f"{t.target}.{ev['metric']} (source {ev['source']:.4f})"] = (
+                    f"{ev['artifact']:.4f}, drop {ev['drop']:.4f} {'≤' if ev.get('passed') else '>'} {ev['max_drop']}"
+                )
         flat["seconds"] = f"{job.server_seconds:.1f}" if job.server_seconds is not None else "-"
         columns.append(flat)
     keys: list[str] = []

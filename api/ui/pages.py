@@ -12,6 +12,7 @@ from fastapi.responses import RedirectResponse, Response
 
 from api.auth import Principal
 from api.routes.jobs import job_log_lines
+from api.routes.service import quota_of
 from api.schemas import JobPublic
 from api.ui.charts import benchmark_chart
 from api.ui.session import render, render_page, viewer, writer
@@ -117,6 +118,7 @@ def _jobs_context(request: Request, who: Principal) -> dict[str, Any]:
         "now": datetime.now(UTC),
         # With auth on, an admin sees every tenant's jobs: which is whose.
         "show_tenant": request.app.state.settings.auth_enabled and who.sees_all,
+        "quota": quota_of(who, request.app.state.jobs, request.app.state.settings),
     }
 
 

@@ -11,11 +11,13 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 
 from api.auth import Principal
-from api.routes.service import readiness_checks, repository_listing
+from api.routes.service import readiness_checks, repository_listing, signature_public
 from api.ui.session import render, render_page, viewer
 from services.errors import NotFound
+from services.gpu.device import GpuDevice
 from services.graph.engines import queue_name
 from services.repository.publish import MANIFEST, find_model_dir
+from services.repository.signing import HINTS
 from workers.queues import queue_engines
 
 __all__ = ["router", "version_size"]
@@ -37,6 +39,8 @@ def _engines_context(request: Request) -> dict[str, Any]:
                 "queue": queue_name(name),
                 "workers": serving,
                 "versions": next((w.versions.get(name, {}) for w in serving), {}),
+                # The GPU engine's worker reports its device among its versions (services/gpu/device.py).
+                "devices": [d for w in serving if (d := GpuDevice.from_versions(w.versions.get(name, {})))],
                 "queued": queued.get(queue_name(name), 0),
             }
         )
@@ -70,7 +74,7 @@ def version_size(repo: Any, model_dir: str, version: int) -> int | None:
 
 def _repository_context(request: Request, who: Principal) -> dict[str, Any]:
     repo = request.app.state.repository
-    listing = repository_listing(who, repo, request.app.state.model_names)
+    listing = repository_listing(who, repo, request.app.state.model_names, request.app.state.signatures)
     sizes = {
         (m.name, v.version): version_size(repo, f"{m.root}/{m.name}", v.version)
         for m in listing.models
@@ -101,6 +105,7 @@ def _version_context(request: Request, who: Principal, name: str, version_text: 
     raw = repo.read_file(f"{model_dir}/{version}/{MANIFEST}")
     manifest: dict[str, Any] = json.loads(raw) if raw else {}
     config = repo.read_file(f"{model_dir}/config.pbtxt")
+    signature = signature_public(request.app.state.signatures, repo, model_dir, version)
     return {
         "name": name,
         "version": version,
@@ -109,6 +114,8 @@ def _version_context(request: Request, who: Principal, name: str, version_text: 
         "manifest_json": json.dumps(manifest, indent=2, default=str),
         "config": config.decode(errors="replace") if config else None,
         "size": version_size(repo, model_dir, version),
+        "signature": signature,
+        "hint": HINTS.get(signature.code, ""),
     }
 
 

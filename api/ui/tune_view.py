@@ -64,6 +64,8 @@ def _row(c: Any, recommended: str | None) -> dict[str, Any] | None:
         "throughput": _number(c.get("throughput")),
         "artifact_bytes": _number(c.get("artifact_bytes")),
         "min_snr_db": _number(c.get("min_snr_db", parity.get("min_snr_db"))),
+        # The accuracy floor's score (spec.evaluation): the summary's `accuracy`, the full row's evaluation.
+        "accuracy": _number(c.get("accuracy", (c.get("evaluation") or {}).get("artifact"))),
         "meets": c.get("meets_constraints") is True,
         "note": note[:160],
         "recommended": recommended is not None and c.get("id") == recommended,

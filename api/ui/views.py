@@ -104,7 +104,8 @@ def output_headroom(parity: dict[str, Any] | None) -> list[OutputHeadroom]:
     out = []
     for o in parity.get("outputs", []):
         name = o.get("name", "?")
-        atol = tol.get("atol")
+        # The elementwise bound as applied: atol scaled by the output's peak (services/validation/metrics.py).
+        atol = o.get("atol_used") if o.get("atol_used") is not None else tol.get("atol")
         if o.get("max_abs") is not None:
             used = _used(o["max_abs"], atol) if atol is not None else None
             out.append(OutputHeadroom(name, "max abs error", o["max_abs"], atol, used, used is None or used <= 1))
@@ -137,11 +138,34 @@ def output_headroom(parity: dict[str, Any] | None) -> list[OutputHeadroom]:
         if o.get("bias") is not None:
             used = _used(abs(o["bias"]), max_bias) if max_bias is not None else None
             out.append(OutputHeadroom(name, "bias (std devs)", o["bias"], max_bias, used, used is None or used <= 1))
+        out.extend(_interval_headroom(name, o.get("intervals") or {}, tol))
         min_top1 = tol.get("min_top1")
         if o.get("top1") is not None:
             used = _used(1 - o["top1"], 1 - min_top1) if min_top1 is not None else None
             label = f"top-1 agreement ({o.get('top1_positions') or '?'} positions)"
             out.append(OutputHeadroom(name, label, o["top1"], min_top1, used, used is None or used <= 1))
+    return out
+
+
+def _interval_headroom(name: str, intervals: dict[str, Any], tol: dict[str, Any]) -> list[OutputHeadroom]:
+    """Return the pessimistic end of each measure's prediction bound against its bound (what the gate decides on)."""
+    out = []
+    for metric, label, key in (
+        ("pearson", "Pearson", "min_pearson"),
+        ("snr_db", "SNR dB", "min_snr_db"),
+    ):
+        iv = intervals.get(metric)
+        if not iv or iv.get("pessimistic") is None:
+            continue
+        value, bound = float(iv["pessimistic"]), tol.get(key)
+        if bound is None:
+            used = None
+        elif metric == "snr_db":
+            used = 10 ** ((bound - value) / 10)
+        else:
+            used = _used(1 - value, 1 - bound)
+        what = f"{label} (next unseen input, {float(iv['confidence']):.0%} bound over {iv['n']} samples)"
+        out.append(OutputHeadroom(name, what, value, bound, used, used is None or used <= 1))
     return out
 
 
@@ -173,10 +197,11 @@ def compare_points(
 ) -> list[ComparePoint]:
     """Return one point per engine x precision with a benchmark at ``batch`` and a parity report.
 
-    ``latency`` is p50 or p99; ``accuracy`` is cosine or top1, of the worst output. A point
-    passes when its own parity check passed and its accuracy reaches ``required`` (the
-    tolerance line the viewer picked). The newest job wins when several built the same
-    engine x precision.
+    ``latency`` is p50 or p99; ``accuracy`` is cosine or top1, of the worst output, or task:
+    the artifact's score on the spec's labelled data (metrics where higher is better), whose
+    bound is the accuracy floor (the source's score less max_drop). A point passes when its own
+    parity check (and evaluation) passed and its accuracy reaches ``required`` (the tolerance
+    line the viewer picked). The newest job wins when several built the same engine x precision.
     """
     seen: set[tuple[str, str]] = set()
     points = []
@@ -187,11 +212,18 @@ def compare_points(
             if key in seen or not target.parity:
                 continue
             row = next((b for b in target.benchmark if b.get("batch_size") == batch), None)
-            values = [o.get(accuracy) for o in target.parity.get("outputs", []) if o.get(accuracy) is not None]
+            task = target.evaluation or {}
+            if accuracy == "task":
+                higher = task.get("higher_is_better") and task.get("artifact") is not None
+                values = [task["artifact"]] if higher else []
+            else:
+                values = [o.get(accuracy) for o in target.parity.get("outputs", []) if o.get(accuracy) is not None]
             if row is None or not values:
                 continue
             seen.add(key)
             tol = target.parity.get("tolerances") or {}
+            if accuracy == "task":
+                tol = {"task": round(float(task["source"]) - float(task["max_drop"]), 6)}
             pub = target.published or {}
             link = f"/ui/repository/{pub['name']}/{pub['version']}" if pub.get("name") else f"/ui/jobs/{job.id}"
             worst = float(min(values))
@@ -202,8 +234,10 @@ def compare_points(
                     precision=precision,
                     latency_ms=float(row[f"{latency}_ms"]),
                     accuracy=worst,
-                    bound=tol.get("min_cosine" if accuracy == "cosine" else "min_top1"),
-                    passed=bool(target.parity.get("passed")) and (required is None or worst >= required),
+                    bound=tol.get({"cosine": "min_cosine", "top1": "min_top1"}.get(accuracy, accuracy)),
+                    passed=bool(target.parity.get("passed"))
+                    and task.get("passed") is not False
+                    and (required is None or worst >= required),
                     link=link,
                 )
             )

@@ -52,6 +52,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -224,6 +225,27 @@ def _offline_sample_images() -> np.ndarray:
     return np.random.default_rng(0).random((20, 128, 128, 3), dtype=np.float32)
 
 
+#: What onnx2tf sets the interpreter's recursion limit to when it is imported (C int's maximum):
+#: its graph walks recurse per node.
+ONNX2TF_RECURSION_LIMIT = 2147483647
+
+
+@contextlib.contextmanager
+def _onnx2tf_recursion() -> Iterator[None]:
+    """Give onnx2tf its recursion limit while it runs, and the process its own limit back after.
+
+    onnx2tf raises the limit on import and never lowers it. Left so, a recursion in C anywhere
+    else in the process (json's decoder on a deeply nested spec, pickle, repr) runs until the C
+    stack overflows: a segfault instead of the RecursionError Kiln turns into INVALID_SPEC.
+    """
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(ONNX2TF_RECURSION_LIMIT)
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(before)
+
+
 @contextlib.contextmanager
 def _offline() -> Iterator[None]:
     import onnx2tf.onnx2tf as o2t
@@ -278,16 +300,17 @@ def _ops_without_converter(model: onnx.ModelProto) -> list[str]:
                     graphs.append(attr.g)
                 elif attr.type == onnx.AttributeProto.GRAPHS:
                     graphs.extend(attr.graphs)
-    return sorted(op for op in seen if importlib.util.find_spec(f"onnx2tf.ops.{op}") is None)
+    with _onnx2tf_recursion():  # find_spec imports the onnx2tf package first
+        return sorted(op for op in seen if importlib.util.find_spec(f"onnx2tf.ops.{op}") is None)
 
 
 def _run_onnx2tf(options: dict[str, Any]) -> tuple[Any, str]:
     """Return onnx2tf's Keras model and its log; raise _AttemptFailed with the log tail."""
-    import onnx2tf
-
     log = io.StringIO()
     try:
-        with _offline(), contextlib.redirect_stdout(log):
+        with _onnx2tf_recursion(), _offline(), contextlib.redirect_stdout(log):
+            import onnx2tf
+
             model = onnx2tf.convert(**options)
     except (Exception, SystemExit) as exc:  # onnx2tf calls sys.exit(1) on some refusals
         text = str(exc).strip() or type(exc).__name__

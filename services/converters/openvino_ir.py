@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from services.artifacts import Artifact
-from services.errors import ConversionFailed, InvalidSpec, SourceUnreadable
+from services.errors import ConversionFailed, InvalidSpec, SourceUnreadable, tool_said
 from services.formats import Format
 from services.steps.context import StepContext
 
@@ -84,7 +84,7 @@ def _convert(ctx: StepContext, source: Any, label: str) -> Any:
     except Exception as exc:  # OpenVINO's frontends raise OpConversionFailure, GeneralFailure, ...
         text = str(exc)
         raise ConversionFailed(
-            f"{TOOL} could not convert {label}: {text.strip().splitlines()[-1] if text.strip() else type(exc).__name__}",
+            f"{TOOL} could not convert {label}: {tool_said(text, exc)}",
             hint="The tail of OpenVINO's message names the operation it cannot read; "
             "another route (e.g. through ONNX) may support it.",
             step=ctx.step.id,
@@ -179,8 +179,40 @@ def savedmodel_to_ir(ctx: StepContext) -> Artifact:
     return art
 
 
+def _signature_names(model: Any, path: Path, wanted: str | None) -> dict[str, str]:
+    """Name the IR's inputs and outputs by the TFLite signature the reference ran; return tensor -> signature name.
+
+    OpenVINO's TFLite frontend names them by the file's tensor names
+    (``StatefulPartitionedCall:1``) in the subgraph's order, while the reference names them by
+    the signature (``note``) in its order. The signature maps each of its names to a tensor, so
+    each IR port gets the name of the tensor it is, not of the position it has (basic-pitch's
+    subgraph lists onset, note, contour; its signature contour, note, onset).
+    """
+    from services.formats.tflite import tflite_signatures
+    from services.runners.tflite import pick_signature
+
+    signatures = tflite_signatures(path.read_bytes())
+    if not signatures:
+        return {}
+    chosen = signatures[pick_signature(signatures, wanted)]
+    renamed: dict[str, str] = {}
+    for ports, side in ((model.inputs, chosen["inputs"]), (model.outputs, chosen["outputs"])):
+        by_tensor = {tensor: name for name, tensor in side.items()}
+        for port in ports:
+            hit = next((by_tensor[n] for n in port.get_names() if n in by_tensor), None)
+            if hit is not None:
+                renamed[port.get_any_name()] = hit
+                port.get_tensor().set_names({hit})
+    return renamed
+
+
 def tflite_to_ir(ctx: StepContext) -> Artifact:
-    """Convert a .tflite flatbuffer to fp32 IR (OpenVINO's TFLite frontend, no TF needed)."""
+    """Convert a .tflite flatbuffer to fp32 IR (OpenVINO's TFLite frontend, no TF needed), its ports named
+    by the TFLite signature."""
     src = ctx.model.path
     model = _convert(ctx, str(src), f"TFLite {src.name}")
-    return _finish(ctx, model, Format.TFLITE, "TFLite flatbuffer")
+    renamed = _signature_names(model, src, ctx.step.options.get("signature") or ctx.spec.signature)
+    art = _finish(ctx, model, Format.TFLITE, "TFLite flatbuffer")
+    if renamed:
+        art.meta["tflite_signature_names"] = renamed
+    return art

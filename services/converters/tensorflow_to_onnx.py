@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from services.artifacts import Artifact
-from services.errors import ConversionFailed
+from services.errors import ConversionFailed, tool_said
 from services.formats import Format
 from services.steps.context import StepContext
 
@@ -38,9 +38,8 @@ TOOL = "tf2onnx"
 
 def _failed(ctx: StepContext, what: str, exc: Exception) -> ConversionFailed:
     text = str(exc).strip()
-    last = text.splitlines()[-1] if text else type(exc).__name__
     return ConversionFailed(
-        f"{TOOL} could not convert {what}: {last}",
+        f"{TOOL} could not convert {what}: {tool_said(text, exc)}",
         hint="tf2onnx names the TensorFlow op it cannot express in ONNX; a higher `opset` in the spec may help.",
         step=ctx.step.id,
         tool=TOOL,

@@ -62,6 +62,10 @@ class EngineDescriptor:
     #: manifests): what changes its steps' output besides packages, e.g. the CPU a library is compiled for.
     #: Called on the worker; it must not import the engine SDK.
     extra_versions: str | None = None
+    #: "module:function"() -> why the engine cannot run in this process although its modules import (no
+    #: GPU, no driver), or None when it can. A worker serves the engine's queue only where it says None.
+    #: Like ``extra_versions``, it must not import the engine SDK at module level.
+    device: str | None = None
 
     def concrete(self) -> list[str]:
         """Return the concrete engine names: ``name`` itself, or ``name-<variant>`` for each variant."""
@@ -133,3 +137,7 @@ class TargetDescriptor:
     precisions: dict[str, frozenset[str]] = field(default_factory=dict)
     #: Optional check at submission (API and CLI) before anything runs: "module:function"(source, spec).
     preflight: str | None = None
+    #: "module:function"(spec) -> what of the artifact runs on a GPU with this spec ("model_cuda.so", "the
+    #: CUDA provider"), or None when it all runs on the CPU. A GPU-bound artifact is checked on a GPU
+    #: worker when one is live (the plan's ``check:<target>`` step), else published with a warning.
+    device_bound: str | None = None

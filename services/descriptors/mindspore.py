@@ -26,6 +26,7 @@ DESCRIPTORS = (
         runner="services.runners.mindir:MindIRRunner",
         source_engine="mindspore",
         detect="services.formats.mindir:sniff_mindir",  # the header: producer "MindSpore"
+        vet="services.formats.mindir:vet_mindir_upload",  # at submission, without MindSpore
     ),
     ConverterDescriptor(
         "mindir-to-onnx",

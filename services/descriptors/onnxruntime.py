@@ -42,12 +42,20 @@ class OnnxRuntimeInt8Options(BaseModel):
     auto_exclude: bool = Field(
         default=True,
         description=(
-            "When the int8 model disagrees with fp32 on the calibration samples beyond the parity bounds, leave the "
-            "nodes that lose most to quantisation in float and quantise again, until it agrees or the rounds run out."
+            "When the int8 model disagrees with fp32 on the calibration samples beyond the parity bounds (with "
+            "`evaluation`: when it loses more than evaluation.max_drop on the labelled data), leave the nodes that "
+            "lose most to quantisation in float and quantise again, until it holds or the rounds run out."
         ),
     )
     auto_exclude_rounds: int = Field(
         default=4, ge=1, le=MAX_AUTO_EXCLUDE_ROUNDS, description="At most this many re-quantisations by auto_exclude."
+    )
+    auto_percentile: bool = Field(
+        default=True,
+        description=(
+            "With auto_exclude, when MinMax calibration misses, quantise once with Percentile (99.999) calibration "
+            "too and go on from whichever does better (outlier activations clip MinMax's ranges)."
+        ),
     )
 
 
@@ -101,5 +109,6 @@ DESCRIPTORS = (
         entry="services.exporters.onnxruntime:export_onnxruntime",
         artifact_format="onnx",
         server_root="triton",
+        device_bound="services.graph.device_checks:onnxruntime_on_gpu",
     ),
 )

@@ -6,10 +6,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from services.descriptors._types import EngineDescriptor, FormatDescriptor, TargetDescriptor, WorkerImage
 
-__all__ = ["DESCRIPTORS", "MAX_TUNING_TRIALS", "TvmOptions"]
+__all__ = ["DEFAULT_TUNING_SECONDS", "DEFAULT_TUNING_TRIALS", "DESCRIPTORS", "MAX_TUNING_TRIALS", "TvmOptions"]
 
 #: A budget far past what one compile job should spend; MetaSchedule's own examples use 20000.
 MAX_TUNING_TRIALS = 100_000
+#: The MetaSchedule budget a library built at static shapes gets when the spec names none
+#: (docs/benchmarks.md, "TVM target": what it buys against onnxruntime and what it costs).
+DEFAULT_TUNING_TRIALS = 300
+#: Wall-clock bound on one library's tuning; candidates after it are not built (the search ends).
+DEFAULT_TUNING_SECONDS = 1200
 
 
 class TvmOptions(BaseModel):
@@ -30,14 +35,22 @@ class TvmOptions(BaseModel):
             "without a GPU and not run by Kiln (parity is checked on the CPU library)."
         ),
     )
-    tuning_trials: int = Field(
-        default=0,
+    tuning_trials: int | None = Field(
+        default=None,
         ge=0,
         le=MAX_TUNING_TRIALS,
         description=(
-            "MetaSchedule trial budget for the CPU library (0: untuned, TVM's default schedules). Tuning needs "
-            "static shapes: open axes take the spec's inputs shape (or opt)."
+            "MetaSchedule trial budget for the CPU library (0: untuned, TVM's default schedules). Unset: "
+            f"{DEFAULT_TUNING_TRIALS} trials when the library is built at static shapes (the model's own, or fixed "
+            "ones Kiln fell back to), untuned at open axes. A number given tunes at static shapes: open axes take "
+            "the spec's inputs shape (or opt). Kernels tuned by earlier jobs on the same CPU are reused."
         ),
+    )
+    tuning_seconds: int = Field(
+        default=DEFAULT_TUNING_SECONDS,
+        ge=10,
+        le=86_400,
+        description="Wall-clock bound on tuning one library: candidates after it are not built, the best so far is kept.",
     )
 
 
@@ -75,5 +88,6 @@ DESCRIPTORS = (
         artifact_format="tvm_library",
         server_root="tvm",
         precisions={"onnx": frozenset({"fp32", "fp16"})},
+        device_bound="services.graph.device_checks:tvm_cuda_library",
     ),
 )

@@ -49,6 +49,7 @@ from services.tensors import TensorSpec
 __all__ = [
     "CAFFE_KIND",
     "MODEL_FILE",
+    "README",
     "SERVING",
     "MnnSource",
     "MnnToolError",
@@ -59,10 +60,13 @@ __all__ = [
     "onnx_tensor_specs",
     "quantize_full_int8",
     "run_tool",
+    "version_readme",
     "write_calibration",
 ]
 
 MODEL_FILE = "model.mnn"
+#: Beside model.mnn: the session settings parity ran with, and how to load it so.
+README = "README.md"
 #: No model server loads .mnn files; the version directory is what an app (or an MNN-based
 #: service) downloads. Published under the repository's ``mnn/`` root.
 SERVING: dict[str, Any] = {"mnn": {"runtime": "MNN (C++, Python, Java/Android, iOS)"}}
@@ -301,11 +305,60 @@ def _weight_only_int8(source: MnnSource, dst: Path, scratch: Path) -> tuple[list
     return flags, {"mode": "weight-only int8 (float activations)", "tool": TOOL, "weight_quant_bits": 8}
 
 
+def version_readme(name: str, runtime: dict[str, Any], specs: dict[str, list[dict[str, Any]]]) -> str:
+    """Return the README.md a published version carries: the session settings parity used, and how to load so.
+
+    MNN's defaults are not those settings: loaded without ``rearrange`` (and at precision
+    ``normal``), MNN 3.6 runs other convolution kernels, and PP-OCRv4 det's fp32 map came out
+    1.75e-3 of its maximum from the source instead of 1.6e-5 (docs/benchmarks.md).
+    """
+    rows = [
+        f"| `{t['name']}` | {'int32 (the ids, as MNN computes integers)' if t['dtype'].startswith(('int', 'uint')) else 'float32'} | "
+        f"{['?' if d is None else d for d in t['shape']]} |"
+        for t in specs["inputs"]
+    ]
+    return "\n".join(
+        [
+            f"# {name}: an MNN model",
+            "",
+            "Kiln compared this file with the source model on MNN's CPU backend with the session settings below;",
+            "load it with the same ones to get the outputs Kiln measured (the manifest's `engine_details.runtime`).",
+            "MNN's defaults differ: without `rearrange=True` MNN runs other convolution kernels, which on a real",
+            "fp32 detector moved the output by 1.75e-3 of its largest value instead of 1.6e-5.",
+            "",
+            "| setting | value |",
+            "|---|---|",
+            f"| backend | {runtime['backend']} |",
+            f"| precision | {runtime['precision']} |",
+            f"| rearrange | {runtime['rearrange']} (weights packed for the CPU kernels when the file loads) |",
+            "",
+            "| input | dtype | shape (`?`: any size) |",
+            "|---|---|---|",
+            *rows,
+            "",
+            "```python",
+            "import MNN, numpy as np",
+            "",
+            'info = MNN.nn.load_module_from_file("model.mnn", [], []).get_info()',
+            f'runtime = MNN.nn.create_runtime_manager(({{"backend": "{runtime["backend"]}", "precision": "{runtime["precision"]}"}},))',
+            "net = MNN.nn.load_module_from_file(",
+            '    "model.mnn", info["inputNames"], info["outputNames"], runtime_manager=runtime, rearrange=True',
+            ")",
+            "x = np.zeros([1, 3, 224, 224], np.float32)  # each input at its shape",
+            "out = net.forward([MNN.expr.const(x, list(x.shape), MNN.expr.NCHW, MNN.expr.float)])",
+            "values = [np.array(MNN.expr.convert(o, MNN.expr.NCHW).read()) for o in out]",
+            "```",
+            "",
+        ]
+    )
+
+
 def _finish(
     ctx: StepContext, precision: Precision, details: dict[str, Any], warnings: list[str], **kw: Any
 ) -> Artifact:
     runtime_precision = "low" if precision is Precision.FP16 else "high"
-    details["runtime"] = {"backend": "CPU", "precision": runtime_precision}
+    details["runtime"] = {"backend": "CPU", "precision": runtime_precision, "rearrange": True}
+    (ctx.out_dir / README).write_text(version_readme(ctx.spec.name or "model", details["runtime"], kw["specs"]))
     return finish_export(
         ctx,
         fmt=Format("mnn"),

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from services.artifacts import Artifact
-from services.errors import ConversionFailed, EngineUnavailable, SourceUnreadable, Timeout
+from services.errors import ConversionFailed, EngineUnavailable, SourceUnreadable, Timeout, tool_said
 from services.exporters._common import finish_export
 from services.formats import Format
 from services.runners.ncnn import FP16_OPTIONS, FP32_OPTIONS, NcnnRunner, sidecar_path
@@ -185,9 +185,9 @@ def run_pnnx(
     sys.stderr.flush()
     param, weights = work / PARAM_FILE, work / BIN_FILE
     if proc.returncode != 0 or not param.is_file() or not weights.is_file():
-        last = text.strip().splitlines()[-1] if text.strip() else f"exit status {proc.returncode}"
+        said = tool_said(text) if text.strip() else f"exit status {proc.returncode}"
         raise ConversionFailed(
-            f"pnnx could not convert {model.name} to ncnn: {last}",
+            f"pnnx could not convert {model.name} to ncnn: {said}",
             hint="pnnx names the operator or shape it could not handle in the output tail; "
             "check the input shapes it was given (`inputs` in the spec).",
             tool=TOOL,
@@ -284,23 +284,30 @@ def _pads_without_mode(graph: Any, rewrite: bool) -> int:
     return len(missing)
 
 
-def pnnx_readable_onnx(src: Path, scratch: Path) -> tuple[Path, list[str]]:
+def pnnx_readable_onnx(src: Path, scratch: Path, sample: dict[str, np.ndarray] | None = None) -> tuple[Path, list[str]]:
     """Return an ONNX file pnnx can open and lower whole: ``src``, or a rewritten copy; and what was changed.
 
     - onnx >= 1.23 writes IR version 14, which pnnx's onnxruntime refuses outright; the version
       says which format features a file may use, and a model that uses none added after 13
       reads the same at 13 (one that does fails in pnnx, as before);
-    - Pads get their default ``mode`` written out (see _pads_without_mode).
+    - Pads get their default ``mode`` written out (see _pads_without_mode);
+    - with a ``sample`` (one batch-1 feed, the shapes pnnx traces at): open axes are pinned at
+      its shapes and the shape arithmetic folded, then the operators ncnn has no layer for are
+      rewritten (services/exporters/ncnn_graph.py). The rewrite is used only when onnxruntime
+      gives the pinned graph's outputs from it on ``sample``; otherwise the pinned graph goes
+      to pnnx as it is, and the note says why.
     """
     from services.onnx_io import load_onnx, save_onnx
 
     header = load_onnx(src, load_external_data=False)
     new_ir = header.ir_version > PNNX_MAX_IR_VERSION
-    if not new_ir and not _pads_without_mode(header.graph, rewrite=False):
+    if sample is None and not new_ir and not _pads_without_mode(header.graph, rewrite=False):
         return src, []
     model = load_onnx(src)
-    notes = []
-    if new_ir:
+    notes: list[str] = []
+    if sample is not None:
+        model, notes = _pinned_and_rewritten(model, sample)
+    if model.ir_version > PNNX_MAX_IR_VERSION:
         notes.append(
             f"ONNX IR version {model.ir_version} stamped {PNNX_MAX_IR_VERSION} for pnnx (its onnxruntime reads up to 13)"
         )
@@ -308,24 +315,174 @@ def pnnx_readable_onnx(src: Path, scratch: Path) -> tuple[Path, list[str]]:
     pads = _pads_without_mode(model.graph, rewrite=True)
     if pads:
         notes.append(f"mode=constant (ONNX's default) written on {pads} Pad node(s), which pnnx lowers only so")
+    if not notes:
+        return src, []
     scratch.mkdir(parents=True, exist_ok=True)
     dst = scratch / "model.onnx"
     save_onnx(model, dst)
     return dst, notes
 
 
-def _blob_map(ref: ReferenceData) -> dict[str, list[dict[str, Any]]]:
-    """Return the sidecar's inputs and outputs: source name, pnnx blob, per-sample shape at batch None."""
+def _outputs_on(model: Any, sample: dict[str, np.ndarray]) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    types = {"tensor(float)": np.float32, "tensor(int64)": np.int64, "tensor(int32)": np.int32}
+    # An input the rewrite declared float (an attention mask) is fed as ncnn feeds it: as float32.
+    feed = {
+        i.name: np.asarray(sample[i.name]).astype(types.get(i.type, sample[i.name].dtype)) for i in session.get_inputs()
+    }
+    return list(session.run(None, feed))
+
+
+def _pinned_and_rewritten(model: Any, sample: dict[str, np.ndarray]) -> tuple[Any, list[str]]:
+    """Return the model pinned at ``sample``'s shapes with ncnn's rewrites applied (or pinned only), and notes."""
+    import onnx
+
+    from services.exporters.ncnn_graph import rewrite_for_ncnn
+    from services.passes.pinned_shapes import pin_input_shapes
+
+    notes: list[str] = []
+    shapes = {k: list(np.asarray(v).shape) for k, v in sample.items()}
+    initializers = {i.name for i in model.graph.initializer}
+    open_axes = any(
+        not d.HasField("dim_value")
+        for i in model.graph.input
+        if i.name not in initializers
+        for d in i.type.tensor_type.shape.dim
+    )
+    if open_axes:
+        try:
+            model, _ = pin_input_shapes(model, {k: v for k, v in shapes.items()})
+        except Exception as exc:  # pnnx pins shapes itself; folding first is only a help
+            return model, [f"shapes not pinned before pnnx ({type(exc).__name__}: {str(exc)[:160]})"]
+        notes.append(
+            "inputs pinned at " + ", ".join(f"{k} {v}" for k, v in shapes.items()) + ", shape arithmetic folded"
+        )
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(model)
+    try:
+        report = rewrite_for_ncnn(rewritten)
+    except Exception as exc:  # a graph the rewrites do not understand goes to pnnx as it is
+        return model, [*notes, f"ncnn rewrites skipped ({type(exc).__name__}: {str(exc)[:160]})"]
+    if not report.counts:
+        return model, notes
+    try:
+        want, got = _outputs_on(model, sample), _outputs_on(rewritten, sample)
+        worst = max(
+            (
+                float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+                for a, b in zip(want, got, strict=True)
+            ),
+            default=0.0,
+        )
+        scale = max((float(np.max(np.abs(a))) for a in want if np.size(a)), default=1.0) or 1.0
+    except Exception as exc:
+        return model, [
+            *notes,
+            f"ncnn rewrites not used: onnxruntime cannot run them ({type(exc).__name__}: {str(exc)[:160]})",
+        ]
+    if not worst <= 1e-5 * scale:
+        return model, [*notes, f"ncnn rewrites not used: they changed the outputs by {worst:.3g} (Kiln's bug)"]
+    return rewritten, [*notes, *(f"rewritten for ncnn: {n}" for n in report.notes())]
+
+
+def _retyped(items: list[str], model: Path, names: list[str]) -> list[str]:
+    """Return pnnx's shape items with each input's dtype as the (possibly rewritten) ONNX file declares it."""
+    from onnx import helper
+
+    from services.onnx_io import load_onnx
+
+    declared = {
+        i.name: helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type).name
+        for i in load_onnx(model, load_external_data=False).graph.input
+    }
+    out = []
+    for item, name in zip(items, names, strict=True):
+        dtype = _PNNX_DTYPES.get(declared.get(name, ""), None)
+        out.append(item[: item.rindex("]") + 1] + dtype if dtype else item)
+    return out
+
+
+#: pnnx's integer shape items: ncnn reads such a blob's 32 bits as int32 (its Embed layer's token ids).
+_PNNX_INT_SUFFIXES = ("i64", "i32", "i16", "i8", "u8")
+
+
+def _blob_map(ref: ReferenceData, shapes: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """Return the sidecar's inputs and outputs: source name, pnnx blob, dtype, per-sample shape at batch None.
+
+    An input pnnx traced as an integer (``shapes``' items) is an int32 blob: ncnn's Embed reads
+    its token ids as the Mat's 32 bits, so it is fed int32 values, not floats.
+    """
     first_in, first_out = ref.inputs[0], ref.outputs[0]
     inputs = [
-        {"name": t.name, "blob": f"in{i}", "dtype": "float32", "shape": [None, *np.asarray(first_in[t.name]).shape[1:]]}
-        for i, t in enumerate(ref.input_specs)
+        {
+            "name": t.name,
+            "blob": f"in{i}",
+            "dtype": "int32" if item.endswith(_PNNX_INT_SUFFIXES) else "float32",
+            "shape": [None, *np.asarray(first_in[t.name]).shape[1:]],
+        }
+        for i, (t, item) in enumerate(zip(ref.input_specs, shapes, strict=True))
     ]
     outputs = []
     for i, t in enumerate(ref.output_specs):
         value = np.asarray(first_out[t.name])
         outputs.append({"name": t.name, "blob": f"out{i}", "dtype": "float32", "shape": [None, *value.shape[1:]]})
     return {"inputs": inputs, "outputs": outputs}
+
+
+def _unconverted_error(leftover: list[str]) -> ConversionFailed:
+    return ConversionFailed(
+        f"pnnx left operators ncnn cannot run: {', '.join(leftover)}",
+        hint="ncnn has no layer for them; choose another target, or rewrite those operations in the model.",
+        tool=TOOL,
+        unconverted=leftover,
+    )
+
+
+def _convert(
+    ctx: StepContext, ref: ReferenceData, shapes: list[str], shapes2: list[str] | None, fp16: bool
+) -> tuple[Path, Path, dict[str, Any], list[str]]:
+    """Run pnnx on the step's model; return (.param, .bin, what ran, the shape items it traced at).
+
+    An ONNX model goes first pinned and rewritten for ncnn (pnnx_readable_onnx with a sample),
+    then, if pnnx fails on that or leaves operators ncnn cannot run, as it came (the IR version
+    and Pad fixes only): a graph the rewrites do not help converts as it did before them. The
+    first attempt's error is the one reported when both fail.
+    """
+    if Format(ctx.model.kind) is not Format.ONNX:
+        param, weights, ran = run_pnnx(ctx.model.path, ctx.scratch / "pnnx", shapes, fp16=fp16, input_shapes2=shapes2)
+        leftover = unconverted_layers(param)
+        if leftover:
+            raise _unconverted_error(leftover)
+        return param, weights, ran, shapes
+    names = [t.name for t in ref.input_specs]
+    sample = {name: np.asarray(ref.inputs[0][name])[:1] for name in names}
+    prepared = pnnx_readable_onnx(ctx.model.path, ctx.scratch / "pnnx-input", sample)
+    plain = pnnx_readable_onnx(ctx.model.path, ctx.scratch / "pnnx-input-plain")
+    attempts = [prepared] if plain[1] == prepared[1] else [prepared, plain]
+    first: ConversionFailed | None = None
+    for attempt, (model, rewrites) in enumerate(attempts):
+        items = _retyped(shapes, model, names)
+        try:
+            param, weights, ran = run_pnnx(model, ctx.scratch / f"pnnx-{attempt}", items, fp16=fp16)
+            leftover = unconverted_layers(param)
+            if leftover:
+                raise _unconverted_error(leftover)
+        except ConversionFailed as exc:
+            first = first or exc
+            continue
+        if attempt:
+            rewrites = [
+                *rewrites,
+                f"the graph pinned and rewritten for ncnn did not convert ({first.message if first else ''}); "
+                "converted as it came",
+            ]
+        if rewrites:
+            ran["onnx_rewrites"] = rewrites
+        return param, weights, ran, items
+    assert first is not None
+    raise first
 
 
 def export_ncnn(ctx: StepContext) -> Artifact:
@@ -340,24 +497,10 @@ def export_ncnn(ctx: StepContext) -> Artifact:
         traced = _traced_shapes(ctx.model.path, shapes)
         if traced is not None:
             shapes, shapes2 = traced, shapes
-    model: Path = ctx.model.path
-    rewrites: list[str] = []
-    if Format(ctx.model.kind) is Format.ONNX:
-        model, rewrites = pnnx_readable_onnx(model, ctx.scratch / "pnnx-input")
-    param, weights, ran = run_pnnx(model, ctx.scratch / "pnnx", shapes, fp16=fp16, input_shapes2=shapes2)
-    if rewrites:
-        ran["onnx_rewrites"] = rewrites
-    leftover = unconverted_layers(param)
-    if leftover:
-        raise ConversionFailed(
-            f"pnnx left operators ncnn cannot run: {', '.join(leftover)}",
-            hint="ncnn has no layer for them; choose another target, or rewrite those operations in the model.",
-            tool=TOOL,
-            unconverted=leftover,
-        )
+    param, weights, ran, shapes = _convert(ctx, ref, shapes, shapes2, fp16)
     shutil.copyfile(param, ctx.out_dir / PARAM_FILE)
     shutil.copyfile(weights, ctx.out_dir / BIN_FILE)
-    blobs = _blob_map(ref)
+    blobs = _blob_map(ref, shapes2 or shapes)
     options = FP16_OPTIONS if fp16 else FP32_OPTIONS
     meta = {
         "param": PARAM_FILE,

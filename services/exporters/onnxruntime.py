@@ -15,15 +15,21 @@ from pathlib import Path
 
 from services.artifacts import DESCRIPTOR, Artifact
 from services.descriptors.onnxruntime import OnnxRuntimeOptions
-from services.errors import ConversionFailed, ParityFailed
-from services.exporters._common import calibration_feeds, calibration_warnings, finish_export
-from services.exporters.ort_int8 import quantize_int8, quantize_with_exclusion
+from services.errors import AccuracyDropExceeded, ConversionFailed, ParityFailed
+from services.exporters._common import (
+    accuracy_of,
+    accuracy_verdict,
+    calibration_feeds,
+    calibration_warnings,
+    finish_export,
+)
+from services.exporters.ort_int8 import Judge, evaluation_judge, quantize_int8, quantize_with_exclusion
 from services.formats import Format
 from services.onnx_io import load_onnx, save_onnx
 from services.repository.layouts import OVMS_F32
 from services.spec import Precision
 from services.steps.context import StepContext
-from services.steps.reference import load_reference
+from services.steps.reference import ReferenceData, load_reference
 
 __all__ = ["export_onnxruntime", "quantize_int8", "to_fp16"]  # quantize_int8: services/exporters/ort_int8.py
 
@@ -119,6 +125,18 @@ def fuse_transformer_ops(ctx: StepContext, src: Path) -> tuple[Path, dict[str, o
     return out, report
 
 
+def _accuracy_judge(ctx: StepContext, ref: ReferenceData, model: Path) -> Judge | None:
+    """Return the int8 search's judge of an attempt on the spec's labelled data (None without ``evaluation``)."""
+    scorer, data = accuracy_of(ctx, ref, search=True), ref.evaluation
+    if scorer is None or data is None:
+        return None
+    from services.validation.evaluation import artifact_output
+
+    outputs = [o.name for o in load_onnx(model, load_external_data=False).graph.output]
+    judge = evaluation_judge(data.feeds, artifact_output(data.output, ref.output_names, outputs), scorer)
+    return lambda path: accuracy_verdict(judge(path))
+
+
 def export_onnxruntime(ctx: StepContext) -> Artifact:
     """Write model.onnx at the job's precision, validated and benchmarked on onnxruntime."""
     precision = Precision(ctx.step.options.get("precision", ctx.spec.precision.value))
@@ -169,14 +187,17 @@ def export_onnxruntime(ctx: StepContext) -> Artifact:
             ctx.spec.tolerances_for(precision),
             progress=ctx.progress,
             probe=ref.inputs[:2],
+            accuracy=_accuracy_judge(ctx, ref, src),
         )
         details["int8"] = {**int8, "calibration_data": label}
         warnings = calibration_warnings(label)
         auto = int8.get("auto_exclude")
         if isinstance(auto, dict) and auto.get("left_in_float"):
+            searched = ctx.spec.evaluation is not None and ctx.spec.evaluation.accuracy_aware_int8
+            lost = "the accuracy or parity bounds" if searched else "the parity bounds on the calibration samples"
             warnings.append(
-                f"{len(auto['left_in_float'])} node(s) left in float: quantised they lost the parity bounds on the "
-                "calibration samples (engine_details.int8.auto_exclude names them)"
+                f"{len(auto['left_in_float'])} node(s) left in float: quantised they lost {lost} "
+                "(engine_details.int8.auto_exclude names them)"
             )
     try:
         return finish_export(
@@ -189,14 +210,19 @@ def export_onnxruntime(ctx: StepContext) -> Artifact:
             warnings=warnings,
             fp32_baseline=src,  # the optimised fp32 model this export started from
         )
-    except ParityFailed as exc:
+    except (ParityFailed, AccuracyDropExceeded) as exc:
         int8_details = details.get("int8")
         auto = int8_details.get("auto_exclude") if isinstance(int8_details, dict) else None
         if isinstance(auto, dict) and auto.get("needed"):
-            tried = ", ".join(
-                f"{a.get('tried', 'as asked')} ({a['excluded']} in float): SNR {a['worst_snr_db']} dB"
-                for a in auto["attempts"]
-            )
+            tried = ", ".join(_attempt_said(a) for a in auto["attempts"])
             exc.message += f"; leaving the most sensitive nodes in float did not reach the bounds ({tried})"
             exc.details["int8"] = details["int8"]
         raise
+
+
+def _attempt_said(attempt: dict[str, object]) -> str:
+    """Return one auto_exclude attempt as the failure message lists it."""
+    said = f"{attempt.get('tried', 'as asked')} ({attempt['excluded']} in float): SNR {attempt['worst_snr_db']} dB"
+    if "drop" in attempt:
+        said += f", {attempt['metric']} drop {attempt['drop']}"
+    return said

@@ -29,7 +29,7 @@ import numpy as np
 from services.artifacts import Artifact
 from services.converters.openvino_ir import IR_FILE, opt_out_of_telemetry, save_ir
 from services.errors import ConversionFailed, SourceUnreadable
-from services.exporters._common import calibration_feeds, calibration_warnings, finish_export
+from services.exporters._common import accuracy_of, calibration_feeds, calibration_warnings, finish_export
 from services.formats import Format
 from services.repository.layouts import OVMS_F32
 from services.spec import Precision
@@ -46,7 +46,10 @@ __all__ = [
     "count_ops",
     "detect_attention",
     "export_openvino",
+    "model_items",
+    "quantization_arguments",
     "quantize_int8",
+    "quiet_nncf",
 ]
 
 # Triton's OpenVINO backend fixes the model's batch at max_batch_size (ov::set_batch) and
@@ -115,7 +118,7 @@ def _ordered(feed: dict[str, np.ndarray], names: list[str], dtypes: list[str]) -
 
 
 @contextlib.contextmanager
-def _quiet_nncf() -> Iterator[None]:
+def quiet_nncf() -> Iterator[None]:
     """Keep NNCF's INFO lines and progress bars off stdout (the CLI's --json output goes there)."""
     import nncf  # noqa: F401 - configures the "nncf" logger on import
 
@@ -146,8 +149,33 @@ def activation_ranges(specs: list[TensorSpec], attention: bool) -> str:
     return "minmax" if vectors and not attention else "default"
 
 
+def model_items(model: Any, feeds: list[dict[str, np.ndarray]]) -> list[list[np.ndarray]]:
+    """Return ``feeds`` as NNCF's data items for ``model``: its inputs' arrays in its order, in its dtypes."""
+    from services.runners.openvino import ov_tensor_spec
+
+    specs = [ov_tensor_spec(p, f"input_{i}") for i, p in enumerate(model.inputs)]
+    names, dtypes = [s.name for s in specs], [s.dtype for s in specs]
+    return [_ordered(feed, names, dtypes) for feed in feeds]
+
+
 def quantize_int8(model: Any, feeds: list[dict[str, np.ndarray]]) -> tuple[Any, dict[str, Any]]:
     """Return ``model`` quantised to int8 by NNCF on ``feeds``, and the settings used."""
+    import nncf
+
+    items, arguments, settings = quantization_arguments(model, feeds)
+    with quiet_nncf():
+        quantized = nncf.quantize(model, nncf.Dataset(items), **arguments)
+    return quantized, settings
+
+
+def quantization_arguments(
+    model: Any, feeds: list[dict[str, np.ndarray]]
+) -> tuple[list[list[np.ndarray]], dict[str, Any], dict[str, Any]]:
+    """Return NNCF's calibration items for ``model``, the keyword arguments Kiln quantises with, and their record.
+
+    The arguments are those :func:`nncf.quantize` and :func:`nncf.quantize_with_accuracy_control`
+    share (the latter names ``advanced_parameters`` ``advanced_quantization_parameters``).
+    """
     opt_out_of_telemetry()  # NNCF reports through OpenVINO's telemetry too; this may be the process's first use
     import nncf
     from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters
@@ -156,8 +184,7 @@ def quantize_int8(model: Any, feeds: list[dict[str, np.ndarray]]) -> tuple[Any, 
     from services.runners.openvino import ov_tensor_spec
 
     specs = [ov_tensor_spec(p, f"input_{i}") for i, p in enumerate(model.inputs)]
-    names, dtypes = [s.name for s in specs], [s.dtype for s in specs]
-    items = [_ordered(feed, names, dtypes) for feed in feeds]
+    items = model_items(model, feeds)
     attention = detect_attention(model)
     ranges = activation_ranges(specs, attention)
     advanced = None
@@ -171,16 +198,13 @@ def quantize_int8(model: Any, feeds: list[dict[str, np.ndarray]]) -> tuple[Any, 
     # int8 kernels, and post-ReLU activations lose nothing to a symmetric range.
     model_type = nncf.ModelType.TRANSFORMER if attention else None
     preset = nncf.QuantizationPreset.MIXED if attention else nncf.QuantizationPreset.PERFORMANCE
-    with _quiet_nncf():
-        quantized = nncf.quantize(
-            model,
-            nncf.Dataset(items),
-            preset=preset,
-            model_type=model_type,
-            subset_size=min(len(items), _MAX_CALIBRATION_SAMPLES),
-            target_device=nncf.TargetDevice.CPU,
-            advanced_parameters=advanced,
-        )
+    arguments = {
+        "preset": preset,
+        "model_type": model_type,
+        "subset_size": min(len(items), _MAX_CALIBRATION_SAMPLES),
+        "target_device": nncf.TargetDevice.CPU,
+        "advanced_parameters": advanced,
+    }
     settings = {
         "tool": "nncf.quantize",
         "nncf": nncf.__version__,
@@ -192,7 +216,7 @@ def quantize_int8(model: Any, feeds: list[dict[str, np.ndarray]]) -> tuple[Any, 
         "samples_given": len(items),
         "subset_size": min(len(items), _MAX_CALIBRATION_SAMPLES),
     }
-    return quantized, settings
+    return items, arguments, settings
 
 
 #: One scale per 32 weights along the input channel, as the onnxruntime target's MatMulNBits
@@ -221,7 +245,7 @@ def compress_int4(model: Any) -> tuple[Any, dict[str, Any]]:
     import nncf
     from nncf.quantization.advanced_parameters import AdvancedCompressionParameters, GroupSizeFallbackMode
 
-    with _quiet_nncf():
+    with quiet_nncf():
         compressed = nncf.compress_weights(
             model,
             mode=nncf.CompressWeightsMode.INT4_SYM,
@@ -296,12 +320,39 @@ def export_openvino(ctx: StepContext) -> Artifact:
         save_ir(compressed, ctx.out_dir, compress_to_fp16=False)
         details["int4"] = {**settings, "int4_weight_constants": int4}
     else:
-        feeds, label = calibration_feeds(load_reference(ctx.reference))
-        ctx.progress(f"quantising to int8 with NNCF on {len(feeds)} samples ({label})")
-        quantized, settings = quantize_int8(model, feeds)
+        ref = load_reference(ctx.reference)
+        feeds, label = calibration_feeds(ref)
+        scorer = accuracy_of(ctx, ref, search=True)
+        if scorer is not None and ctx.spec.evaluation is not None:
+            from services.exporters.openvino_accuracy import quantize_within_max_drop
+
+            ctx.progress(
+                f"quantising to int8 with NNCF on {len(feeds)} samples ({label}), within "
+                f"{ctx.spec.evaluation.metric.value} max_drop {ctx.spec.evaluation.max_drop} on the labelled data"
+            )
+            quantized, settings = quantize_within_max_drop(
+                model,
+                feeds,
+                ref,
+                ctx.spec.evaluation,
+                scorer,
+                ctx.spec.tolerances_for(precision),
+                progress=ctx.progress,
+            )
+        else:
+            ctx.progress(f"quantising to int8 with NNCF on {len(feeds)} samples ({label})")
+            quantized, settings = quantize_int8(model, feeds)
         ops = count_ops(quantized)
         if not ops.get("FakeQuantize"):
             # An int8 artifact with nothing quantised would be an fp32 model under a false label.
+            if "accuracy_control" in settings:
+                raise ConversionFailed(
+                    "NNCF's accuracy control reverted every int8 operation to float to stay within "
+                    f"evaluation.max_drop {ctx.spec.evaluation.max_drop if ctx.spec.evaluation else ''}: "
+                    "no int8 artifact keeps that accuracy",
+                    hint="Compile at fp16 or fp32, or raise evaluation.max_drop.",
+                    tool="nncf.quantize_with_accuracy_control",
+                )
             raise ConversionFailed(
                 "NNCF inserted no quantisers: the model has no op OpenVINO runs in int8",
                 hint="Compile at fp32 or fp16 instead.",

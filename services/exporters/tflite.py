@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from services.artifacts import Artifact
-from services.errors import ConversionFailed, InvalidSpec
+from services.errors import ConversionFailed, InvalidSpec, tool_said
 from services.exporters._common import calibration_feeds, finish_export
 from services.formats import Format
 from services.repository.layouts import OVMS_F32
@@ -185,7 +185,7 @@ def export_tflite(ctx: StepContext) -> Artifact:
             if calibration is not None:
                 hint += " Full-integer int8 needs an int8 kernel for every op; without calibration data Kiln builds dynamic-range int8."
             raise ConversionFailed(
-                f"the TFLite converter failed at {precision.value}: {text.splitlines()[-1] if text else type(exc).__name__}",
+                f"the TFLite converter failed at {precision.value}: {tool_said(text, exc)}",
                 hint=hint,
                 step=ctx.step.id,
                 tool=TOOL,

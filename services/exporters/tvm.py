@@ -17,6 +17,7 @@ from services.formats import Format
 from services.passes.pinned_shapes import pin_input_shapes
 from services.spec import Precision
 from services.steps.context import StepContext
+from services.steps.reference import load_reference
 from services.tvm import CUDA_LIBRARY, IO_FILE, LIBRARY, PARAMS, README, build_libraries
 from services.versions import tool_versions
 
@@ -45,8 +46,9 @@ def version_readme(name_hint: str, details: dict[str, object], versions: dict[st
     if cuda:
         lines.append(
             f"| `{CUDA_LIBRARY}` | the same model for CUDA `{cuda['arch'] if isinstance(cuda, dict) else ''}`, "  # type: ignore[index]
-            "cross-compiled without a GPU; its kernels are CUDA C that TVM's CUDA runtime compiles with NVRTC "
-            "when the library loads (install `cuda-bindings`); Kiln checked parity on the CPU library only |"
+            "cross-compiled without a GPU; its kernels are a cubin for that architecture, embedded, so it loads "
+            "with the CUDA driver and `libcudart` alone (no NVRTC, no `cuda-bindings`); `device_check` in the "
+            "manifest says whether a GPU worker checked it |"
         )
     lines += [
         "| `kiln-manifest.json` | provenance: source, route, tool versions, parity, benchmark |",
@@ -67,6 +69,25 @@ def version_readme(name_hint: str, details: dict[str, object], versions: dict[st
         "```",
         "",
     ]
+    if cuda:
+        lines += [
+            f"On a GPU, `{CUDA_LIBRARY}` needs only TVM's runtime (`TVM_USE_RUNTIME_LIB=1`: the compiler library is "
+            "not loaded) and its CUDA sidecar:",
+            "",
+            "```python",
+            "import ctypes, os",
+            'os.environ["TVM_USE_RUNTIME_LIB"] = "1"',
+            "import tvm.runtime",
+            "from tvm.runtime.vm import VirtualMachine",
+            "",
+            "# TVM's CUDA runtime; libcudart.so.13 must be loadable (CUDA 13 wheels: site-packages/nvidia/cu13/lib)",
+            'ctypes.CDLL(os.path.join(os.path.dirname(tvm.__file__), "lib", "libtvm_runtime_cuda.so"))',
+            "dev = tvm.runtime.cuda(0)",
+            f'vm = VirtualMachine(tvm.runtime.load_module("{CUDA_LIBRARY}"), dev)',
+            "# then the weights and feeds as above, as tvm.runtime.tensor(..., dev)",
+            "```",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -82,6 +103,11 @@ def export_tvm(ctx: StepContext) -> Artifact:
     options = ctx.spec.engine_options(TvmOptions)
     scratch = ctx.scratch / "tvm"
     scratch.mkdir(parents=True, exist_ok=True)
+    ref = load_reference(ctx.reference)
+    # One parity input per shape: a library that builds at open axes and fails when run on them is
+    # rebuilt at fixed shapes like one that does not build (parity would only report the crash).
+    first_of_shape = {g: i for i, g in reversed(list(enumerate(ref.shape_of)))}
+    probes = [ref.inputs[i] for _, i in sorted(first_of_shape.items())]
     details = build_libraries(
         ctx.model.path,
         ctx.out_dir,
@@ -91,18 +117,28 @@ def export_tvm(ctx: StepContext) -> Artifact:
         scratch=scratch,
         progress=ctx.progress,
         pin_shapes=pin_input_shapes,
+        probe_feeds=probes,
+        parity_shapes=ref.shapes[0] if ref.shapes else None,
     )
     warnings = []
-    if not options.tuning_trials:
+    if "tuning" not in details:
         # Measured (docs/benchmarks.md): untuned, a 3-conv CNN at 64x64 ran 100x slower than onnxruntime.
+        why = "open input axes are not tuned" if options.tuning_trials is None else "options.tvm.tuning_trials is 0"
         warnings.append(
-            "untuned: TVM's default CPU schedules leave convolutions unvectorised and serial; set "
-            "options.tvm.tuning_trials (with static input shapes) for a library worth deploying"
+            f"untuned ({why}): TVM's default CPU schedules leave convolutions unvectorised and serial; give "
+            "static input shapes (inputs.<name>.shape) and options.tvm.tuning_trials for a library worth deploying"
         )
-    if "cuda" in details:
+    built_for = details.get("built_for")
+    if built_for:
+        shapes = ", ".join(f"{k} {v}" for k, v in built_for["shapes"].items())
         warnings.append(
-            f"{CUDA_LIBRARY} was cross-compiled for {options.cuda_arch} and not run: parity and the benchmark "
-            f"are the CPU library's"
+            f"built for fixed shapes ({shapes}, {built_for['chosen_by']}): {built_for['why']}; the library takes "
+            "those shapes only"
+            + (
+                ""
+                if built_for["chosen_by"] == "the spec's inputs"
+                else " (give inputs.<name>.shape for the shapes you serve)"
+            )
         )
     (ctx.out_dir / README).write_text(version_readme(ctx.spec.name or "model", details, tool_versions("tvm")))
     return finish_export(

@@ -7,7 +7,8 @@ parses; fields outside it are kept as unknown fields and ignored), parses the tw
 size limits, and vets them before anything else reads them:
 
 - each file has a size cap, and the binary parse runs under protobuf's recursion limit;
-- a ``Python`` layer (code that Caffe would import and run) is refused with UNSAFE_INPUT;
+- a ``Python`` layer (code that Caffe would import and run), in any phase and in either file,
+  is refused with UNSAFE_INPUT;
 - every weight blob's element count must match its declared shape, and the weights are
   capped in total, so a crafted file cannot make the converter allocate without bound;
 - training-only layers (data readers, losses) are refused with a hint to upload the deploy net.
@@ -493,8 +494,10 @@ def _outputs(inputs: dict[str, list[int]], layers: list[CaffeLayer]) -> list[str
 
 
 def _check_layer_types(layers: Any, where: str) -> None:
+    """Refuse Python layers in every phase: a TRAIN-only one is as much code as a TEST one, and a
+    tool that ignores phases (or a later edit of the rules) would reach it."""
     for lp in layers:
-        if lp.type == "Python" and _in_test_phase(lp):
+        if lp.type == "Python":
             raise UnsafeInput(
                 f"layer {lp.name!r} in {where} is a Python layer: Caffe would import and run module "
                 f"{lp.python_param.module!r}; Kiln never runs code from a model",
@@ -517,6 +520,11 @@ def vet_caffe_source(root: Path, limits: CaffeLimits | None = None) -> None:
     proto_path, model_path = found
     _check_size(model_path, limits.max_caffemodel_bytes, "caffemodel")
     deploy = _parse_prototxt(proto_path, limits)
+    if len(deploy.layers):
+        raise UnsupportedFormat(
+            f"{proto_path.name} uses Caffe's V1 `layers` format (before 2015)",
+            hint="Upgrade it with Caffe's upgrade_net_proto_text tool first.",
+        )
     if len(deploy.layer) > limits.max_layers:
         raise UnsafeInput(f"{proto_path.name} has {len(deploy.layer)} layers; Kiln reads up to {limits.max_layers}")
     _check_layer_types(deploy.layer, proto_path.name)
@@ -547,6 +555,7 @@ def load_caffe_net(root: Path, limits: CaffeLimits | None = None) -> CaffeNet:
         )
     if len(deploy.layer) > limits.max_layers:
         raise UnsafeInput(f"{proto_path.name} has {len(deploy.layer)} layers; Kiln reads up to {limits.max_layers}")
+    _check_layer_types(trained.layer, model_path.name)
     weights: dict[str, Any] = {}
     for tl in trained.layer:
         if len(tl.blobs):

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from services.descriptors import registry
-from services.errors import SourceUnreadable, UnsafeInput, UnsupportedFormat
+from services.errors import KilnError, SourceUnreadable, UnsafeInput, UnsupportedFormat
 from services.formats._types import Format
 from services.formats.archives import archive_kind, list_members, safe_extract
+from services.formats.vetting import vet_source
 
 __all__ = ["DetectedSource", "detect_format", "open_source", "sha256_path"]
 
@@ -33,6 +34,9 @@ class DetectedSource:
     seen: str  # what detection saw, for messages and the manifest
     sha256: str = ""
     extras: dict[str, str] = field(default_factory=dict)
+    #: The format vetting approved it as (services/formats/vetting.py), "off" when vetting was
+    #: switched off, "" when nothing vetted it (a worker refuses to load such a source).
+    vetted: str = ""
 
 
 def sha256_path(path: Path) -> str:
@@ -191,7 +195,23 @@ def _detect_dir(path: Path) -> tuple[Format, str]:
 
 
 def _resolve_loadable(fmt: Format, root: Path) -> Path:
-    """Return the path a loader opens within an extracted archive or directory."""
+    """Return the path a loader opens within an extracted archive or directory (or ``root``, a file).
+
+    A format's ``loadable`` hook (Caffe, Hugging Face, Paddle: each vets as it resolves) runs
+    for a plain file too, so a file forced to such a format meets its checks; whatever it
+    raises refuses the source.
+    """
+    entry = registry().formats[fmt.value].loadable
+    if entry is not None:
+        try:
+            return Path(_load(entry)(root))
+        except KilnError:
+            raise
+        except Exception as exc:
+            raise SourceUnreadable(
+                f"{root.name} cannot be opened as {fmt.value}: {type(exc).__name__}: {str(exc)[:300]}",
+                hint="Check source_format in the spec, or upload the model as its framework saves it.",
+            ) from exc
     if root.is_file():
         return root
     if fmt is Format.SAVEDMODEL:
@@ -209,8 +229,7 @@ def _resolve_loadable(fmt: Format, root: Path) -> Path:
         if not hits:
             raise SourceUnreadable("no .xml in the OpenVINO IR directory")
         return hits[0]
-    entry = registry().formats[fmt.value].loadable
-    return Path(_load(entry)(root)) if entry is not None else root
+    return root
 
 
 def open_source(
@@ -221,7 +240,9 @@ def open_source(
     ``sha256`` is the file's hash when the caller already has it (the API hashes an upload
     while streaming it to disk); hashing a 1 GiB model again costs seconds. ``vet`` runs the
     format's vetting (its descriptor's ``vet``: UNSAFE_INPUT for graphs that would reach files,
-    the network or Python); only a test of the sandbox turns it off (KILN_VET_UPLOADS).
+    the network or Python), as the format the source is opened as: a forced ``override``
+    included. Any failure of it refuses the source; only a test of the sandbox turns it off
+    (KILN_VET_UPLOADS).
     """
     path = Path(path)
     try:
@@ -246,7 +267,7 @@ def open_source(
             shutil.rmtree(dest)
         safe_extract(path, dest)
         loadable = _resolve_loadable(fmt, dest)
-    elif path.is_dir():
+    else:
         loadable = _resolve_loadable(fmt, path)
     if fmt is Format.OPENVINO_IR:
         bin_path = loadable.with_suffix(".bin")
@@ -255,13 +276,7 @@ def open_source(
                 f"OpenVINO IR {loadable.name} has no {bin_path.name} beside it",
                 hint="Upload the .xml and .bin together, in a directory or archive.",
             )
-    entry = registry().formats[fmt.value].vet
-    if vet and entry is not None:
-        try:
-            _load(entry)(loadable)
-        except SourceUnreadable:
-            # Content the spec forced to another format than the one detected: its loader says
-            # whether it can read it (as without vetting); a detected format fails here.
-            if override is None or "by the spec" not in seen:
-                raise
-    return DetectedSource(format=fmt, path=loadable, seen=seen, sha256=digest)
+    # The format vetted is the format loaded: a forced one is vetted as itself, and a vetter's
+    # failure is the upload's refusal, whatever the spec says (services/formats/vetting.py).
+    vetted = vet_source(fmt.value, loadable, sha256=digest if loadable == path else None, enabled=vet)
+    return DetectedSource(format=fmt, path=loadable, seen=seen, sha256=digest, vetted=vetted)

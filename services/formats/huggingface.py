@@ -3,7 +3,8 @@
 A directory in the Hugging Face layout is code-adjacent: ``from_pretrained`` will unpickle a
 ``pytorch_model.bin`` and, with ``trust_remote_code``, import the ``modeling_*.py`` a config's
 ``auto_map`` names. Kiln reads none of that. :func:`vet_checkpoint` checks the directory
-before transformers sees it: the config is bounded JSON without ``auto_map``, weights are
+before transformers sees it: the config is bounded JSON without ``auto_map`` (or
+``custom_pipelines``) at any depth, sub-configs included, weights are
 safetensors whose headers parse and whose tensors lie inside their files, a sharded index
 names only sibling ``.safetensors`` files, and nothing resolves outside the directory.
 :func:`stage_checkpoint` then links just those files into a clean directory, the only one
@@ -168,16 +169,51 @@ def _read_json(path: Path, what: str) -> Any:
         raise SourceUnreadable(f"{what} {path.name} is not readable JSON: {exc}") from exc
 
 
+#: Config keys that make transformers import code shipped with the model (trust_remote_code), at any depth.
+CODE_KEYS = frozenset({"auto_map", "custom_pipelines"})
+_CODE_HINT = (
+    "Kiln never runs code shipped with a model (no trust_remote_code). Use an architecture "
+    "transformers ships, or export the model yourself (torch.export .pt2, ONNX)."
+)
+
+
+def _code_key(doc: Any) -> tuple[str, Any] | None:
+    """Return (path, value) of the first code-naming key anywhere in a JSON document, or None.
+
+    Walked with a stack, not recursion: a composite model's sub-configs (``text_config``,
+    ``vision_config``, ``encoder``...) are configs too, and each may name code.
+    """
+    stack: list[tuple[str, Any]] = [("", doc)]
+    while stack:
+        where, node = stack.pop()
+        if isinstance(node, dict):
+            for key, value in node.items():
+                path = f"{where}.{key}" if where else str(key)
+                if key in CODE_KEYS:
+                    return path, value
+                stack.append((path, value))
+        elif isinstance(node, list):
+            stack.extend((f"{where}[{i}]", v) for i, v in enumerate(node))
+    return None
+
+
+def _refuse_code(doc: Any, file: str) -> None:
+    found = _code_key(doc)
+    if found is not None:
+        path, value = found
+        names = sorted(value)[:4] if isinstance(value, dict) else str(value)[:80]
+        raise UnsafeInput(
+            f"{file} has {path}: the model needs its own Python code ({names})",
+            hint=_CODE_HINT,
+            key=path,
+        )
+
+
 def _vet_config(path: Path) -> dict[str, Any]:
     config = _read_json(path, "the config")
     if not isinstance(config, dict):
         raise SourceUnreadable(f"{CONFIG_FILE} must hold a JSON object")
-    if "auto_map" in config:
-        raise UnsafeInput(
-            f"{CONFIG_FILE} has auto_map: the model needs its own Python code ({sorted(config['auto_map'])[:4]})",
-            hint="Kiln never runs code shipped with a model (no trust_remote_code). Use an architecture "
-            "transformers ships, or export the model yourself (torch.export .pt2, ONNX).",
-        )
+    _refuse_code(config, CONFIG_FILE)
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or not model_type:
         raise UnsupportedFormat(
@@ -282,7 +318,9 @@ def vet_checkpoint(path: Path) -> HuggingFaceCheckpoint:
     gen = root / GENERATION_CONFIG
     if gen.is_file():
         _inside(root, gen)
-        if isinstance(_read_json(gen, "the generation config"), dict):
+        generation = _read_json(gen, "the generation config")
+        if isinstance(generation, dict):
+            _refuse_code(generation, GENERATION_CONFIG)
             extra = (GENERATION_CONFIG,)
     kept = {CONFIG_FILE, *weights, *extra, *([index] if index else [])}
     ignored = tuple(sorted(p.name for p in root.iterdir() if p.name not in kept))

@@ -13,8 +13,10 @@ An ONNX graph is data, but two of its features reach outside it when a runtime l
 them, nodes outside the allowed domains (:data:`ALLOWED_DOMAINS`: the ONNX standard and
 ONNX-ML sets and onnxruntime's built-in contrib operators, plus the model's own local
 functions, whose bodies are vetted alike), in the main graph, every subgraph (If, Loop, Scan)
-and every function; and external data that is absolute, climbs out with ``..`` or resolves
-(through links) outside the model's folder.
+and every function; and external data, of any tensor (initializers, node attributes, sparse
+ones, inside subgraphs and local functions), that is absolute, climbs out with ``..`` or
+resolves (through links) outside the model's folder. A file that does not parse as a
+ModelProto is refused (SOURCE_UNREADABLE), never passed on to a loader.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from services.errors import SourceUnreadable, UnsafeInput
+from services.errors import UnsafeInput
 
 __all__ = ["ALLOWED_DOMAINS", "onnx_custom_ops", "vet_onnx"]
 
@@ -76,21 +78,35 @@ def onnx_custom_ops(model: Any) -> list[str]:
 
 
 def _tensors(model: Any) -> Iterator[Any]:
+    """Yield every tensor of the model: initializers, sparse ones and node attributes, in the main graph,
+    every subgraph and every local function (a function's Constant may keep its value in external data)."""
     import onnx
 
     graphs = [model.graph]
-    while graphs:
-        graph = graphs.pop()
-        yield from graph.initializer
-        for sparse in graph.sparse_initializer:
-            yield sparse.values
-            yield sparse.indices
-        for node in graph.node:
+    node_lists = [list(f.node) for f in model.functions]
+    while graphs or node_lists:
+        if graphs:
+            graph = graphs.pop()
+            yield from graph.initializer
+            for sparse in graph.sparse_initializer:
+                yield sparse.values
+                yield sparse.indices
+            nodes = list(graph.node)
+        else:
+            nodes = node_lists.pop()
+        for node in nodes:
             for attr in node.attribute:
                 if attr.type == onnx.AttributeProto.TENSOR:
                     yield attr.t
                 elif attr.type == onnx.AttributeProto.TENSORS:
                     yield from attr.tensors
+                elif attr.type == onnx.AttributeProto.SPARSE_TENSOR:
+                    yield attr.sparse_tensor.values
+                    yield attr.sparse_tensor.indices
+                elif attr.type == onnx.AttributeProto.SPARSE_TENSORS:
+                    for sparse in attr.sparse_tensors:
+                        yield sparse.values
+                        yield sparse.indices
             graphs.extend(_subgraphs(node))
 
 
@@ -119,12 +135,9 @@ def vet_onnx(path: Path) -> None:
     """Refuse (UNSAFE_INPUT) an ONNX model with custom-domain operators or external data outside its folder."""
     from services.onnx_io import load_onnx
 
-    try:
-        model = load_onnx(path, load_external_data=False)
-    except SourceUnreadable:
-        # Not a ModelProto protobuf can parse (a truncated upload): no engine loads it either, and
-        # the job's reference step reports SOURCE_UNREADABLE from the engine's own reader.
-        return
+    # A file protobuf cannot parse as a ModelProto is refused here (SOURCE_UNREADABLE): what vetting
+    # cannot read, no loader is given.
+    model = load_onnx(path, load_external_data=False)
     custom = onnx_custom_ops(model)
     if custom:
         raise UnsafeInput(

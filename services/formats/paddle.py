@@ -11,8 +11,9 @@ An inference model is a program file and a parameters file with the same stem:
 
 Both are data, but a program may hold operators that touch the file system or the network
 when run (``save``, ``load``, ``read_file``, ``send``/``recv``, collective ``c_*``...) or
-call back into Python (``py_func``): those are refused with UNSAFE_INPUT before any
-framework reads the file. ``model.pdiparams.info`` (a Python pickle ``paddle.jit.save``
+call back into Python (``py_func``). Every operator must be on an allowlist of tensor
+computations (services/formats/paddle_ops.py; for PIR, per dialect), everything else is
+refused with UNSAFE_INPUT, naming them, before any framework reads the file. ``model.pdiparams.info`` (a Python pickle ``paddle.jit.save``
 writes beside them) is never read: loaders only see a private copy of the program and
 its parameters (:func:`stage_paddle_model`).
 
@@ -29,6 +30,7 @@ from pathlib import Path
 
 from services.errors import SourceUnreadable, UnsafeInput
 from services.formats._types import Format
+from services.formats.paddle_ops import ALLOWED_PADDLE_OPS, ALLOWED_PIR_OPS, PIR_DIALECTS
 
 __all__ = [
     "PADDLE",
@@ -53,33 +55,6 @@ PADDLE_PIR = Format("paddle_pir")
 PADDLE_PARAMS_SUFFIX = ".pdiparams"
 _PADDLE_PROGRAM_SUFFIX = ".pdmodel"
 _PROGRAM_SUFFIXES = {_PADDLE_PROGRAM_SUFFIX: PADDLE, ".json": PADDLE_PIR}
-
-#: Operators that read or write files, talk to other processes, or run Python when executed.
-_UNSAFE_OPS = frozenset(
-    {
-        "save",
-        "save_combine",
-        "load",
-        "load_combine",
-        "py_func",
-        "read_file",
-        "read",
-        "create_py_reader",
-        "create_double_buffer_reader",
-        "open_files",
-        "listen_and_serv",
-        "checkpoint_notify",
-        "send",
-        "recv",
-        "send_v2",
-        "recv_v2",
-        "send_barrier",
-        "fetch_barrier",
-        "barrier",
-        "heter_listen_and_serv",
-    }
-)
-_UNSAFE_PREFIXES = ("c_", "distributed_", "partial_send", "partial_recv", "p_send", "p_recv", "send_and_recv")
 
 #: Paddle's VarType codes for tensor element types -> bytes per element.
 _DTYPE_BYTES = {0: 1, 1: 2, 2: 4, 3: 8, 4: 2, 5: 4, 6: 8, 19: 8, 20: 1, 21: 1, 22: 2, 23: 8, 24: 16, 32: 1, 33: 1}
@@ -241,8 +216,12 @@ def _pir_shape(node: dict[str, object]) -> tuple[str, tuple[int | None, ...]] | 
         return None
 
 
-def _pir_ops(data: bytes, shapes: Shapes) -> tuple[dict[str, int], int]:
-    """Return (op histogram without dialect prefixes, parameter ops) of a PIR program in JSON; fill ``shapes``."""
+def _pir_ops(data: bytes, shapes: Shapes, refused: set[str] | None = None) -> tuple[dict[str, int], int]:
+    """Return (op histogram without dialect prefixes, parameter ops) of a PIR program in JSON; fill ``shapes``.
+
+    ``refused`` collects ``dialect.op`` for every operator outside :data:`ALLOWED_PIR_OPS` (an
+    unknown dialect number included).
+    """
     doc = json.loads(data)
     if not isinstance(doc, dict) or (doc.get("base_code") or {}).get("magic") != "pir":
         raise ValueError("not a PIR program (no base_code.magic == 'pir')")
@@ -252,18 +231,23 @@ def _pir_ops(data: bytes, shapes: Shapes) -> tuple[dict[str, int], int]:
     while stack:
         node = stack.pop()
         if isinstance(node, dict):
-            name = node.get("#")
-            if isinstance(name, str) and ("O" in node or "I" in node or "A" in node):
-                if name == "p":
-                    params += 1
-                else:
-                    op = name.split(".", 1)[-1]
-                    ops[op] = ops.get(op, 0) + 1
-                    if op in ("data", "fetch"):
-                        var = _pir_attr(node, "name")
-                        shape = _pir_shape(node)
-                        if isinstance(var, str) and shape is not None:
-                            shapes[var] = shape
+            raw = node.get("#")
+            name = raw if isinstance(raw, str) else ""
+            # Types ("0.t_f32") and attributes ("1.a_intarray") share the "#" key with operators;
+            # everything else named "<dialect>.<name>" is an operator, wherever it sits.
+            number, dot, op = name.rpartition(".")
+            if name == "p":
+                params += 1
+            elif dot and not op.startswith(("t_", "a_")) and not name.startswith(("block_", "region_")):
+                ops[op] = ops.get(op, 0) + 1
+                dialect = PIR_DIALECTS.get(number)
+                if refused is not None and (dialect is None or op not in ALLOWED_PIR_OPS[dialect]):
+                    refused.add(f"{dialect or number}.{op}")
+                if op in ("data", "fetch"):
+                    var = _pir_attr(node, "name")
+                    shape = _pir_shape(node)
+                    if isinstance(var, str) and shape is not None:
+                        shapes[var] = shape
             stack.extend(node.values())
         elif isinstance(node, list):
             stack.extend(node)
@@ -449,20 +433,22 @@ def vet_paddle_model(program: Path, fmt: Format | None = None) -> PaddleModel:
         raise SourceUnreadable(f"{program.name} is not a Paddle program (.pdmodel or .json)", hint=_UPLOAD_HINT)
     data = program.read_bytes()
     shapes: Shapes = {}
+    pir_refused: set[str] = set()
     try:
-        ops, declared = _pir_ops(data, shapes) if fmt is PADDLE_PIR else _program_desc(data, shapes)
+        ops, declared = _pir_ops(data, shapes, pir_refused) if fmt is PADDLE_PIR else _program_desc(data, shapes)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         kind = "PIR JSON program" if fmt is PADDLE_PIR else "ProgramDesc protobuf"
         raise SourceUnreadable(
             f"{program.name} is not a readable Paddle {kind}: {exc}",
             hint="The file may be truncated or not a Paddle inference program; save it again with paddle.jit.save.",
         ) from exc
-    unsafe = sorted(op for op in ops if op in _UNSAFE_OPS or op.startswith(_UNSAFE_PREFIXES))
+    unsafe = sorted(pir_refused if fmt is PADDLE_PIR else {op for op in ops if op not in ALLOWED_PADDLE_OPS})
     if unsafe:
         raise UnsafeInput(
-            f"{program.name} holds operators that reach files, the network or Python when run: {unsafe}",
+            f"{program.name} holds operators outside the ones Kiln runs on uploads (tensor computations; "
+            f"no file, printing, Python, communication or training operators): {unsafe}",
             hint="Export an inference program (paddle.jit.save of the model in eval mode) without I/O, "
-            "communication or py_func operators.",
+            "communication or py_func operators. services/formats/paddle_ops.py lists what is allowed.",
             ops=unsafe,
         )
     try:

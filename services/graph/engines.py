@@ -24,14 +24,23 @@ class Engine:
     modules: tuple[str, ...]  # importable modules that prove the engine is installed
     extra: str  # the pyproject extra that installs it
     description: str
+    #: "module:function"() -> why it cannot run here although its modules import (no GPU), or None.
+    device: str | None = None
 
     @property
     def queue(self) -> str:
         return queue_name(self.name)
 
     def is_installed(self) -> bool:
-        """Return True when every module the engine needs can be imported here."""
-        return all(importlib.util.find_spec(m) is not None for m in self.modules)
+        """Return True when every module the engine needs can be imported here (and its device is there)."""
+        return all(importlib.util.find_spec(m) is not None for m in self.modules) and self.unavailable() is None
+
+    def unavailable(self) -> str | None:
+        """Return why the engine's device is missing here (its descriptor's ``device`` check), or None."""
+        if self.device is None:
+            return None
+        module, _, func = self.device.partition(":")
+        return getattr(importlib.import_module(module), func)()  # type: ignore[no-any-return]
 
 
 def queue_name(engine_name: str) -> str:
@@ -44,7 +53,7 @@ def _engines() -> dict[str, Engine]:
     for e in registry().engines.values():
         for name, variant in zip(e.concrete(), e.variants or [None], strict=True):
             described = f"{e.variants[variant]}" if variant else e.description
-            out[name] = Engine(name, e.modules, e.extra, described)
+            out[name] = Engine(name, e.modules, e.extra, described, e.device)
     return out
 
 

@@ -16,14 +16,17 @@ when its first routes work.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
 from services import descriptors
 from services.errors import NoRoute
 from services.formats import Format
+from services.graph.device_checks import device_bound, gpu_engine
 from services.graph.engines import queue_name
 from services.graph.registry import (
+    CHECK_ENTRY,
     OPTIMIZE_ENTRY,
     PUBLISH_ENTRY,
     REFERENCE_ENTRY,
@@ -80,13 +83,22 @@ class Route:
                 hops.append("optimize")
         return " → ".join(hops) + f" ⇒ {self.target.value}"
 
+    def engines(self, source: Format, spec: CompileSpec) -> set[str]:
+        """Return the concrete engines whose workers run this route's steps (optimize runs on onnxruntime)."""
+        formats = [source, *(c.target for c in self.converters)]
+        used = {resolve_engine(c.engine, spec) for c in self.converters}
+        used.add(resolve_engine(self.exporter.engine, spec))
+        if spec.optimize and Format.ONNX in formats:
+            used.add("onnxruntime")
+        return used
+
 
 @dataclass
 class PlanStep:
     """One unit of work on one queue; its output is one artifact."""
 
     id: str
-    kind: str  # reference | convert | optimize | export | publish
+    kind: str  # reference | convert | optimize | export | check | publish
     engine: str
     entry: str  # the step's stable name (graph.registry.step_functions), or a "module:function" path
     inputs: dict[str, str] = field(default_factory=dict)  # role -> step id, or "source"
@@ -293,8 +305,15 @@ def _shared_prefix(a: tuple[Converter, ...], b: tuple[Converter, ...]) -> int:
     return n
 
 
-def _choose_routes(reg: Registry, source: Format, spec: CompileSpec, fallbacks: int) -> dict[TargetName, list[Route]]:
-    """Return each target's routes in the order to try them: the chosen one, then up to ``fallbacks`` more."""
+def _choose_routes(
+    reg: Registry, source: Format, spec: CompileSpec, fallbacks: int, engines: Collection[str] | None = None
+) -> dict[TargetName, list[Route]]:
+    """Return each target's routes in the order to try them: the chosen one, then up to ``fallbacks`` more.
+
+    ``engines``: the engines some worker serves; only routes they can run are planned (a
+    route through another engine's queue would wait there for nobody). When no route of a
+    target can run, its cheapest is kept, so the job is refused naming what is missing.
+    """
     chosen: dict[TargetName, Route] = {}
     others: dict[TargetName, list[Route]] = {}
     errors = []
@@ -303,6 +322,9 @@ def _choose_routes(reg: Registry, source: Format, spec: CompileSpec, fallbacks: 
         if not candidates:
             errors.append(_no_route(reg, source, target, spec.precision))
             continue
+        if engines is not None:
+            served = [r for r in candidates if r.engines(source, spec) <= set(engines)]
+            candidates = served or [min(candidates, key=lambda r: r.cost)]
         best = min(r.cost for r in candidates)
         cheapest = [r for r in candidates if abs(r.cost - best) < 1e-9]
         # Prefer the cheapest route that shares most with what is already planned, then by name.
@@ -340,18 +362,26 @@ def plan_routes(
     *,
     default_name: str = "model",
     fallbacks: int = MAX_FALLBACKS,
+    engines: Collection[str] | None = None,
+    gpu_worker: bool = False,
 ) -> Plan:
     """Return the job's plan: reference, shared conversions, then export and publish per target.
 
     Each target's chosen route comes first; its fallback routes (``fallbacks`` at most, in
     cost order) follow as steps marked ``fallback`` unless another route already has them.
+    ``engines``: plan only routes whose steps these engines run (the service's live ones).
+
+    A target whose artifact runs on a GPU (services/graph/device_checks.py) gets a ``check:<target>``
+    step on the GPU engine's queue between its export and its publish when ``gpu_worker`` (one is
+    live, or in-process: this machine has one) or the spec's ``require_device_check`` says so.
     """
+    device_checks = gpu_worker or spec.require_device_check
     reg = registry or default_registry()
     base_name = spec.name or default_name
     refusal = descriptors.registry().formats[source.value].not_a_source
     if refusal is not None:
         raise NoRoute(refusal[0], hint=refusal[1], source_format=source.value)
-    chosen = _choose_routes(reg, source, spec, fallbacks)
+    chosen = _choose_routes(reg, source, spec, fallbacks, engines)
     steps: dict[str, PlanStep] = {}
     order: list[str] = []
     users: dict[str, set[str]] = {}
@@ -437,13 +467,30 @@ def plan_routes(
                 fallback=fallback,
             )
         )
+        published = export_id
+        bound = device_bound(target.value, spec) if device_checks else None
+        if bound is not None:
+            published = add(
+                PlanStep(
+                    id=f"check:{target.value}{suffix}",
+                    kind="check",
+                    engine=gpu_engine(spec),
+                    entry=step_entry("check", CHECK_ENTRY),
+                    inputs={"model": export_id, "reference": ref_id},
+                    options={"precision": spec.precision.value, "device_bound": bound},
+                    target=target.value,
+                    tool="GPU check",
+                    format_out=(exp.artifact_format or fmt).value,
+                    fallback=fallback,
+                )
+            )
         publish_id = add(
             PlanStep(
                 id=f"publish:{target.value}{suffix}",
                 kind="publish",
                 engine=resolve_engine(exp.engine, spec),
                 entry=step_entry("publish", PUBLISH_ENTRY),  # the module global, so a test may gate publish
-                inputs={"model": export_id},
+                inputs={"model": published},
                 options={"name": published_name(base_name, target.value, len(spec.targets)), "route": described},
                 target=target.value,
                 tool="model repository",

@@ -24,6 +24,7 @@ from services.formats import Format
 from services.spec import Precision, TargetName
 
 __all__ = [
+    "CHECK_ENTRY",
     "MOVED_ENTRIES",
     "OPTIMIZE_ENTRY",
     "PUBLISH_ENTRY",
@@ -113,14 +114,20 @@ class Registry:
         return [c for c in self._converters.values() if c.source is fmt]
 
     def engines(self) -> set[str]:
-        """Return every engine family some edge or exporter runs on."""
-        return {c.engine for c in self._converters.values()} | {e.engine for e in self._exporters.values()}
+        """Return every engine family some edge or exporter runs on, and the GPU engine that checks GPU-bound targets."""
+        engines = {c.engine for c in self._converters.values()} | {e.engine for e in self._exporters.values()}
+        targets = descriptors.registry().targets
+        if any(t in targets and targets[t].device_bound for t in (e.target.value for e in self._exporters.values())):
+            from services.descriptors.gpu import GPU_ENGINE
+
+            engines.add(GPU_ENGINE)
+        return engines
 
 
 def step_functions() -> dict[str, str]:
     """Return every stable step name a plan may persist, with the ``"module:function"`` it runs now."""
     reg = descriptors.registry()
-    names = {"reference": REFERENCE_ENTRY, "optimize": OPTIMIZE_ENTRY, "publish": PUBLISH_ENTRY}
+    names = {"reference": REFERENCE_ENTRY, "optimize": OPTIMIZE_ENTRY, "publish": PUBLISH_ENTRY, "check": CHECK_ENTRY}
     names.update({f"convert:{c.name}": c.entry for c in reg.converters.values()})
     names.update({f"export:{t.name}": t.entry for t in reg.targets.values()})
     return names
@@ -164,6 +171,8 @@ def source_engine(fmt: Format) -> str:
 REFERENCE_ENTRY = "services.pipeline.reference:run_reference_step"
 OPTIMIZE_ENTRY = "services.passes.step:run_optimize_step"
 PUBLISH_ENTRY = "services.pipeline.publish:run_publish_step"
+#: A GPU-bound artifact's parity and benchmark run again on the GPU worker (services/graph/device_checks.py).
+CHECK_ENTRY = "services.exporters.device_check:run_device_check"
 
 #: Step functions that moved, by the path a plan persisted before step names: a job queued then still runs.
 #: services/repository/step.py became services/pipeline/publish.py so that the repository sits below

@@ -30,6 +30,9 @@ def open_repository(settings: Settings) -> ModelRepository:
         from services.storage.factory import repository_from_url
     except ImportError:
         from services.repository.local import LocalModelRepository
+        from services.repository.signing_keys import signing_key_from_settings
 
-        return LocalModelRepository(Path(settings.repository), serving_root=settings.serving_root)
+        repo = LocalModelRepository(Path(settings.repository), serving_root=settings.serving_root)
+        repo.signing_key = signing_key_from_settings(settings)
+        return repo
     return repository_from_url(settings.repository, settings)

@@ -128,6 +128,10 @@ class Job(Base):
     calibration_key: Mapped[str | None] = mapped_column(String(255), nullable=True)
     calibration_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
     calibration_filename: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    # The spec's labelled data (evaluation.data), uploaded and stored like the calibration file.
+    evaluation_key: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    evaluation_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    evaluation_filename: Mapped[str | None] = mapped_column(String(255), nullable=True)
     use_cache: Mapped[bool] = mapped_column(Boolean, default=True)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
@@ -140,6 +144,11 @@ class Job(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # How many jobs of its tenant may run at once, as its token said at submission (None: the
+    # setting's); read when its first step is claimed (services/jobs/quotas.py).
+    max_running: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+    __table_args__ = (Index("ix_jobs_tenant_status", "tenant", "status"),)
 
     steps: Mapped[list[JobStep]] = relationship(
         back_populates="job", order_by="JobStep.position", cascade="all, delete-orphan"
@@ -210,6 +219,9 @@ class ApiToken(Base):
     tenant: Mapped[str] = mapped_column(String(64), default=DEFAULT_TENANT)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # This token's own quotas for its tenant's jobs (None: KILN_TENANT_MAX_RUNNING_JOBS / _QUEUED_JOBS).
+    max_running_jobs: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_queued_jobs: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class WorkerRecord(Base):

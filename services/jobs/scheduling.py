@@ -30,13 +30,14 @@ from services.errors import EngineUnavailable, NotFound
 from services.graph.planner import Plan
 from services.jobs.database import JobDatabase, JobPlan, job_database
 from services.jobs.models import FINAL_JOB_STATES, OPEN_STEP_STATES, Job, JobStep, utcnow
+from services.jobs.quotas import lock_tenant, may_start
 from services.jobs.webhooks import mark_due
 from services.pipeline.fallback import TargetRouting, needed_steps, route_failed_event, route_failures, routing
 from services.pipeline.results import blocked_by, target_results
 from services.public_errors import public_error
 from services.steps.context import Progress
 
-__all__ = ["Advance", "ClaimedStep", "Progress", "StepScheduler"]
+__all__ = ["Advance", "ClaimedStep", "Progress", "StepDeferred", "StepScheduler"]
 
 
 def _progress_fields(m: Progress) -> dict[str, Any]:
@@ -69,6 +70,14 @@ def _running_attempt(job_id: str, step_id: str, attempt: int) -> Any:
     )
 
 
+class StepDeferred(Exception):
+    """The step's job may not start yet: its tenant runs as many jobs as its quota allows."""
+
+    def __init__(self, tenant: str, limit: int) -> None:
+        super().__init__(f"tenant {tenant} runs {limit} jobs, its quota")
+        self.tenant, self.limit = tenant, limit
+
+
 @dataclass
 class ClaimedStep:
     """A step this worker now owns: everything the task needs to run it."""
@@ -90,6 +99,10 @@ class ClaimedStep:
     source_format: str = ""
     source_seen: str = ""
     route_attempts: list[dict[str, Any]] | None = None  # publish steps: the target's routes tried so far
+    tenant: str = ""  # whose job it is: a worker's step children serve one tenant each
+    evaluation_key: str | None = None  # the spec's labelled data, stored like the calibration file
+    evaluation_sha256: str | None = None
+    evaluation_filename: str | None = None
 
 
 @dataclass
@@ -116,8 +129,15 @@ class StepScheduler:
     def __init__(self, db: JobDatabase | str) -> None:
         self.db = job_database(db)
 
-    def claim_step(self, job_id: str, step_id: str, worker: str, stale_after: float) -> ClaimedStep | None:
-        """Take a step for this worker; None when it is not ours to run (done, cancelled, or running elsewhere)."""
+    def claim_step(
+        self, job_id: str, step_id: str, worker: str, stale_after: float, *, max_running: int | None = None
+    ) -> ClaimedStep | None:
+        """Take a step for this worker; None when it is not ours to run (done, cancelled, or running elsewhere).
+
+        With ``max_running`` (the setting's running quota), the first step of a job whose tenant
+        already runs its quota of jobs is not taken: StepDeferred, and the caller hands the
+        delivery back to the queue (services/jobs/quotas.py).
+        """
         now = utcnow()
         cutoff = now - timedelta(seconds=stale_after)
         with self.db.write() as s:
@@ -133,6 +153,10 @@ class StepScheduler:
             takeover = row.status == "running" and (row.heartbeat_at is None or row.heartbeat_at < cutoff)
             if row.status != "queued" and not takeover:
                 return None
+            if max_running is not None and job.status == "queued":
+                lock_tenant(self.db, s, job.tenant)
+                if not may_start(s, job, max_running):
+                    raise StepDeferred(job.tenant, job.max_running or max_running)
             return self._take(s, job, known, row, rows, worker, now)
 
     def _take(
@@ -185,7 +209,21 @@ class StepScheduler:
             source_format=job.source_format,
             source_seen=job.source_seen,
             route_attempts=attempts,
+            tenant=job.tenant,
+            evaluation_key=job.evaluation_key,
+            evaluation_sha256=job.evaluation_sha256,
+            evaluation_filename=job.evaluation_filename,
         )
+
+    def step_owner(self, job_id: str, step_id: str) -> tuple[str, str] | None:
+        """Return (tenant, engine) of a job's step, or None when there is no such step (one cheap read)."""
+        with self.db.read() as s:
+            row = s.execute(
+                select(Job.tenant, JobStep.engine)
+                .join(JobStep, JobStep.job_id == Job.id)
+                .where(Job.id == job_id, JobStep.step_id == step_id)
+            ).first()
+        return (str(row[0]), str(row[1])) if row is not None else None
 
     def heartbeat(
         self, job_id: str, step_id: str, attempt: int, progress: Sequence[Progress] = ()

@@ -34,6 +34,7 @@ from services.jobs.models import (
     Webhook,
     utcnow,
 )
+from services.jobs.quotas import TenantQuota, check_queued, lock_tenant
 from services.jobs.scheduling import Advance, StepScheduler
 from services.jobs.webhooks import NewWebhook, mark_due, record_webhook
 from services.public_errors import public_error
@@ -57,10 +58,14 @@ class NewJob:
     calibration_key: str | None = None
     calibration_sha256: str | None = None
     calibration_filename: str | None = None
+    evaluation_key: str | None = None
+    evaluation_sha256: str | None = None
+    evaluation_filename: str | None = None
     use_cache: bool = True
     owner: str | None = None
     tenant: str = DEFAULT_TENANT
     webhook: NewWebhook | None = None  # the spec's notify, with its secret (kept out of ``spec``)
+    quota: TenantQuota | None = None  # the submitter's quotas (services/jobs/quotas.py); None: none checked
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
@@ -157,10 +162,14 @@ class JobStore:
         The model names the job publishes under are claimed for its tenant in the same
         transaction: a name another tenant owns is FORBIDDEN, unless ``any_names`` (an admin).
         So is ``idempotency``'s key: when another job holds it, nothing is recorded and
-        :class:`~services.jobs.idempotency.KeyTaken` names that job.
+        :class:`~services.jobs.idempotency.KeyTaken` names that job. With ``new.quota``, a tenant
+        with that many jobs waiting to start already gets QUOTA_EXCEEDED and nothing is recorded.
         """
         now = utcnow()
         with self.db.write() as s:
+            if new.quota is not None:  # first: a refused job takes no lock on its names
+                lock_tenant(self.db, s, new.tenant)
+                check_queued(s, new.tenant, new.quota)
             claim_names(s, new.tenant, published_names(new.plan), any_owner=any_names)
             job, rows = self._insert_job(s, new, now)
             if idempotency is not None:
@@ -185,10 +194,14 @@ class JobStore:
             calibration_key=new.calibration_key,
             calibration_sha256=new.calibration_sha256,
             calibration_filename=new.calibration_filename,
+            evaluation_key=new.evaluation_key,
+            evaluation_sha256=new.evaluation_sha256,
+            evaluation_filename=new.evaluation_filename,
             use_cache=new.use_cache,
             owner=new.owner,
             tenant=new.tenant,
             created_at=now,
+            max_running=new.quota.max_running if new.quota is not None else None,
         )
         s.add(job)
         if new.webhook is not None:

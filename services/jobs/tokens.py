@@ -47,17 +47,41 @@ class TokenStore:
     def __init__(self, db: JobDatabase | str) -> None:
         self.db = job_database(db)
 
-    def create_token(self, name: str, scopes: Sequence[str] = ("read", "write"), tenant: str = DEFAULT_TENANT) -> str:
-        """Create a token of ``tenant`` and return it in clear text (the only time it is shown)."""
+    def create_token(
+        self,
+        name: str,
+        scopes: Sequence[str] = ("read", "write"),
+        tenant: str = DEFAULT_TENANT,
+        *,
+        max_running_jobs: int | None = None,
+        max_queued_jobs: int | None = None,
+    ) -> str:
+        """Create a token of ``tenant`` and return it in clear text (the only time it is shown).
+
+        ``max_running_jobs`` and ``max_queued_jobs``: quotas for the jobs this token submits
+        (services/jobs/quotas.py); None takes the settings'.
+        """
         token = f"kiln_{secrets.token_hex(4)}_{secrets.token_urlsafe(32)}"
-        self.add_token(name, token, scopes, tenant)
+        self.add_token(name, token, scopes, tenant, max_running_jobs=max_running_jobs, max_queued_jobs=max_queued_jobs)
         return token
 
-    def add_token(self, name: str, token: str, scopes: Sequence[str], tenant: str = DEFAULT_TENANT) -> None:
+    def add_token(
+        self,
+        name: str,
+        token: str,
+        scopes: Sequence[str],
+        tenant: str = DEFAULT_TENANT,
+        *,
+        max_running_jobs: int | None = None,
+        max_queued_jobs: int | None = None,
+    ) -> None:
         """Record ``token`` (made elsewhere, e.g. a generated admin token) under ``name``."""
         bad = [sc for sc in scopes if sc not in SCOPES]
         if bad:
             raise KilnError(f"unknown scope(s) {bad}", hint=f"Scopes: {', '.join(SCOPES)}.")
+        for what, limit in (("max_running_jobs", max_running_jobs), ("max_queued_jobs", max_queued_jobs)):
+            if limit is not None and limit < 1:
+                raise InvalidSpec(f"{what} must be at least 1, not {limit}", hint="Leave it out to use the setting.")
         check_tenant(tenant)
         token_id = token.split("_")[1] if token.startswith("kiln_") and token.count("_") >= 2 else secrets.token_hex(4)
         with self.db.write() as s:
@@ -66,7 +90,15 @@ class TokenStore:
             if s.get(ApiToken, token_id) is not None:
                 token_id = secrets.token_hex(8)
             s.add(
-                ApiToken(id=token_id, name=name, token_sha256=hash_token(token), scopes=" ".join(scopes), tenant=tenant)
+                ApiToken(
+                    id=token_id,
+                    name=name,
+                    token_sha256=hash_token(token),
+                    scopes=" ".join(scopes),
+                    tenant=tenant,
+                    max_running_jobs=max_running_jobs,
+                    max_queued_jobs=max_queued_jobs,
+                )
             )
 
     def ensure_token(self, name: str, token: str, scopes: Sequence[str], tenant: str = DEFAULT_TENANT) -> bool:

@@ -11,11 +11,12 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes.common as ir_common
-from onnxscript.optimizer import FOLDED_FROM_KEY
+from onnxscript.optimizer import FOLDED_FROM_KEY, _constant_folding
 from onnxscript.optimizer._constant_folding import (
     DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT,
     DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT,
     FoldConstantsPass,
+    ReferenceEvaluator,
 )
 
 from services.passes._base import KilnPass, PassResult, SequencePass, opset_version, quiet_logger
@@ -155,6 +156,33 @@ def _fold_small_constant_of_shape(node: ir.Node) -> bool | None:
 #: onnxscript folds these sequence ops into Split/Squeeze/Unsqueeze with their opset-13
 #: operands-as-inputs form, which older graphs cannot hold.
 _OPSET13_REWRITES = frozenset({"SplitToSequence", "ConcatFromSequence"})
+
+
+class _Evaluator(ReferenceEvaluator):
+    """onnxscript's evaluator (onnx.reference underneath) with numpy for the ops onnx.reference gets wrong.
+
+    onnx.reference 1.23's GatherElements fails whenever the indices select fewer positions
+    than the data holds along the axis (``cannot reshape array of size 1 into shape (1,64)``):
+    the token-type ids of a TorchScript BERT (a ``[1, 512]`` buffer sliced to the sequence)
+    then never fold at pinned shapes. ``numpy.take_along_axis`` is GatherElements.
+    """
+
+    def get_evaluator(self, domain: str, op: str, version: int) -> Any:
+        if domain in ("", "ai.onnx") and op == "GatherElements":
+            return _gather_elements
+        return super().get_evaluator(domain, op, version)
+
+
+def _gather_elements(data: np.ndarray, indices: np.ndarray, axis: int = 0) -> np.ndarray:
+    axis = axis % data.ndim
+    indices = np.where(indices < 0, indices + data.shape[axis], indices)  # ONNX allows negative indices
+    # Off the axis GatherElements reads the leading positions (indices may be shorter there); numpy broadcasts.
+    window = tuple(slice(None) if d == axis else slice(0, n) for d, n in enumerate(indices.shape))
+    return np.take_along_axis(data[window], indices.astype(np.int64), axis=axis)
+
+
+# The folder evaluates through this module-level instance; Kiln's replaces it once, for every fold.
+_constant_folding._reference_evaluator = _Evaluator()
 
 
 class GuardedFolder(FoldConstantsPass):

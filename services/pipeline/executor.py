@@ -58,7 +58,7 @@ class StepOutcome:
 #: Spec fields each kind of step depends on. Conversions ignore precision, tolerances and
 #: benchmark settings, so an fp16 or int8 job reuses the fp32 job's conversions and reference.
 _SPEC_FIELDS: dict[str, set[str] | None] = {
-    "reference": {"inputs", "validation", "calibration", "signature", "source_format"},
+    "reference": {"inputs", "validation", "calibration", "signature", "source_format", "evaluation"},
     "convert": {"inputs", "opset", "signature", "source_format", "max_batch_size"},
     "optimize": {"inputs", "opset", "signature", "source_format", "optimize"},
     "export": None,  # everything but naming: precision, tolerances, benchmark (and the engine's options)
@@ -66,11 +66,24 @@ _SPEC_FIELDS: dict[str, set[str] | None] = {
 
 
 def _spec_fingerprint(
-    spec: CompileSpec, kind: str, calibration_sha: str | None, engine: str | None = None
+    spec: CompileSpec,
+    kind: str,
+    calibration_sha: str | None,
+    engine: str | None = None,
+    evaluation_sha: str | None = None,
 ) -> dict[str, Any]:
     # Naming and scheduling do not change what a step produces.
-    body = spec.model_dump(mode="json", exclude={"name", "version", "targets", "wait_for_workers", "options"})
+    body = spec.model_dump(
+        mode="json", exclude={"name", "version", "targets", "wait_for_workers", "require_device_check", "options"}
+    )
     body["calibration"] = calibration_sha
+    if body.get("evaluation") is None:
+        body.pop("evaluation", None)  # a job without labelled data keeps the keys it always had
+    else:
+        body["evaluation"]["data"] = evaluation_sha  # the file's bytes matter, not its name
+        if kind == "reference":  # it scores the source: the bound and the int8 search are the exports'
+            body["evaluation"].pop("max_drop", None)
+            body["evaluation"].pop("accuracy_aware_int8", None)
     # How Triton runs the artifact (instances, threads) changes its config.pbtxt, not the artifact.
     body.get("serving", {}).pop("triton", None)
     fields = _SPEC_FIELDS.get(kind)
@@ -119,7 +132,11 @@ def _cpu_model() -> str:
 
 
 def step_cache_key(
-    step: PlanStep, spec: CompileSpec, input_keys: dict[str, str], calibration_sha: str | None = None
+    step: PlanStep,
+    spec: CompileSpec,
+    input_keys: dict[str, str],
+    calibration_sha: str | None = None,
+    evaluation_sha: str | None = None,
 ) -> str:
     """Return the content address of a step's output: inputs, step, options, spec and tool versions."""
     body = {
@@ -128,7 +145,7 @@ def step_cache_key(
         "kind": step.kind,
         "options": step.options,
         "inputs": dict(sorted(input_keys.items())),
-        "spec": _spec_fingerprint(spec, step.kind, calibration_sha, step.engine),
+        "spec": _spec_fingerprint(spec, step.kind, calibration_sha, step.engine, evaluation_sha),
         "tools": _step_tools(step),
     }
     digest = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
@@ -234,6 +251,8 @@ def _run_step(
     on_progress: Callable[[Progress], None] | None = None,
     calibration_path: Path | None = None,
     calibration_sha: str | None = None,
+    evaluation_path: Path | None = None,
+    evaluation_sha: str | None = None,
     use_cache: bool = True,
     route_attempts: list[dict[str, Any]] | None = None,
     call: StepCall | None = None,
@@ -250,7 +269,8 @@ def _run_step(
     started = time.perf_counter()
     memory = StepMemory.start()
     cacheable = step.kind != "publish"
-    key = step_cache_key(step, spec, {**input_keys, "source": source.sha256}, calibration_sha) if cacheable else None
+    keys = {**input_keys, "source": source.sha256}
+    key = step_cache_key(step, spec, keys, calibration_sha, evaluation_sha) if cacheable else None
     if key and use_cache and store.exists(key):
         hit_dir = store.local_path(key) or store.fetch_dir(key, scratch / "cache-hit" / key.replace("/", "_"))
         hit = Artifact.load(hit_dir)
@@ -283,6 +303,7 @@ def _run_step(
         on_progress=on_progress,
         extras={
             **({"calibration_path": calibration_path} if calibration_path else {}),
+            **({"evaluation_path": evaluation_path} if evaluation_path else {}),
             **({"route_attempts": route_attempts} if route_attempts else {}),
         },
         input_keys=dict(input_keys),

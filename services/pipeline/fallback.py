@@ -36,7 +36,8 @@ __all__ = [
 #: Error codes that make a target try its next route.
 FALLBACK_CODES = frozenset({"CONVERSION_FAILED", "PARITY_FAILED"})
 #: Kinds of step whose failure is the route's own (not the source's, nor the repository's).
-_ROUTE_KINDS = frozenset({"convert", "optimize", "export"})
+#: A GPU check's PARITY_FAILED is the route's too: the artifact does not compute the source's outputs on its GPU.
+_ROUTE_KINDS = frozenset({"convert", "optimize", "export", "check"})
 _DONE_BAD = ("failed", "skipped", "cancelled")
 
 
@@ -186,13 +187,16 @@ def all_routes_failed(r: TargetRouting) -> dict[str, Any] | None:
     """Return the error of a target whose routes all failed, naming each attempt.
 
     None when they all failed at one step (a conversion every route shares, such as the
-    source's own importer): that step's error says it all. The code is the last attempt's,
-    the failure that ended the search.
+    source's own importer): that step's error says it all. The code is that of the failure
+    that decided the target: an artifact that was built and computed the wrong numbers
+    (PARITY_FAILED) says more than a later route's tool that could not build one, so a
+    parity failure is never hidden behind it; otherwise the last attempt's.
     """
     tried = [a for a in r.tried if a.status == "failed"]
     if len({a.step for a in tried}) < 2:
         return None
     said = "; ".join(_said(a, tried[:i]) for i, a in enumerate(tried))
+    decided = next((a for a in tried if a.code == "PARITY_FAILED"), tried[-1])
     # The first route's own hint (e.g. "use fp32, fp16 or int8") is what the user acts on.
     first_hint = ((tried[0].error or {}).get("hint") or "").strip()
     where = "Each route's error is in details.attempts; the first route's tool output is in the job log."
@@ -204,7 +208,7 @@ def all_routes_failed(r: TargetRouting) -> dict[str, Any] | None:
     if parity:
         details["parity"] = parity
     return {
-        "code": tried[-1].code,
+        "code": decided.code,
         "message": f"every route to {r.target} failed: {said}",
         "hint": f"Route 1: {first_hint} {where}" if first_hint else where,
         "details": details,

@@ -18,6 +18,8 @@ from typing import Any
 
 from services.errors import KilnError
 from services.formats import DetectedSource, Format, open_source, sha256_path
+from services.graph.device_checks import device_bound, gpu_engine, plans_device_checks
+from services.graph.engines import ENGINES, installed_engines
 from services.graph.planner import Plan, PlanStep, plan_routes
 from services.pipeline.executor import StepOutcome, run_step
 from services.pipeline.fallback import TargetRouting, needed_steps, route_failed_event, route_failures, routing
@@ -29,7 +31,7 @@ from services.steps.source_memo import job_memo
 from services.storage.base import ArtifactStore
 from services.validation.onnx_source import check_onnx_inputs
 
-__all__ = ["CompileResult", "TargetResult", "compile_model", "default_model_name"]
+__all__ = ["CompileResult", "TargetResult", "compile_model", "default_model_name", "local_engines"]
 
 Event = dict[str, Any]
 
@@ -47,6 +49,14 @@ class CompileResult:
     @property
     def ok(self) -> bool:
         return all(t.status == "succeeded" for t in self.targets.values())
+
+
+def _local_gpu(spec: CompileSpec) -> list[str]:
+    """Return the GPU engine when this process can run it and some target needs it (probing costs an NVML call)."""
+    if not any(device_bound(t.value, spec) for t in spec.targets):
+        return []
+    name = gpu_engine(spec)
+    return [name] if ENGINES[name].is_installed() else []
 
 
 def default_model_name(path: Path) -> str:
@@ -78,6 +88,11 @@ def _next_step(plan: Plan, routes: dict[str, TargetRouting], status: dict[str, s
     return None
 
 
+def local_engines() -> set[str]:
+    """Return the engines this process can run steps on: those whose SDKs are installed here."""
+    return {e.name for e in installed_engines()}
+
+
 def compile_model(
     model_path: Path,
     spec: CompileSpec,
@@ -96,12 +111,22 @@ def compile_model(
     with store.in_use(), job_memo(), tempfile.TemporaryDirectory(prefix="kiln-job-") as tmp:
         scratch = Path(tmp)
         source = open_source(Path(model_path), scratch, spec.source_format)
-        plan = plan_routes(source.format, spec, default_name=default_model_name(Path(model_path)))
+        # In-process, the GPU check runs here when this machine has the GPU engine (a GPU and onnxruntime-gpu).
+        gpu = plans_device_checks(spec, _local_gpu(spec))
+        plan = plan_routes(
+            source.format,
+            spec,
+            default_name=default_model_name(Path(model_path)),
+            engines=local_engines(),
+            gpu_worker=gpu,
+        )
         if source.format is Format.ONNX:  # what the API refuses at submission, refused here before any step
             check_onnx_inputs(source.path, spec)
         emit({"type": "planned", "plan": plan.to_dict(), "source": source.seen})
         calibration_path = Path(spec.calibration) if spec.calibration else None
         calibration_sha = sha256_path(calibration_path) if calibration_path and calibration_path.exists() else None
+        evaluation_path = Path(spec.evaluation.data) if spec.evaluation else None
+        evaluation_sha = sha256_path(evaluation_path) if evaluation_path and evaluation_path.is_file() else None
         outcomes: dict[str, StepOutcome] = {}
         failed: dict[str, KilnError] = {}
         status = {s.id: "pending" for s in plan.steps}
@@ -125,6 +150,8 @@ def compile_model(
                     on_progress=_progress_to(emit, step.id),
                     calibration_path=calibration_path,
                     calibration_sha=calibration_sha,
+                    evaluation_path=evaluation_path,
+                    evaluation_sha=evaluation_sha,
                     use_cache=use_cache,
                     route_attempts=[a.to_dict() for a in attempts if a.status != "not tried"] if attempts else None,
                 )

@@ -65,9 +65,13 @@ def build_manifest(ctx: StepContext, exported: Artifact) -> dict[str, Any]:
         "tool_versions": tools,
         "io": meta.get("io"),
         "parity": meta.get("parity"),
+        # Task accuracy on the spec's labelled data: metric, source and artifact scores, drop, max_drop.
+        "evaluation": meta.get("evaluation"),
         "benchmark": meta.get("benchmark"),
         "vs_fp32": meta.get("vs_fp32"),
         "engine_details": meta.get("engine_details", {}),
+        # A GPU-bound artifact: the GPU that checked it and its numbers there, or that only the CPU did.
+        "device_check": meta.get("device_check"),
         # The export's content address: an identical artifact has the same key (see publish_version).
         "artifact_key": ctx.input_keys.get("model"),
         "warnings": meta.get("warnings", []),

@@ -7,7 +7,10 @@ outputs for them, and a separate set of int8 calibration samples. Parity is meas
 samples the quantiser never saw: checking an int8 artifact on its own calibration rows
 flatters it (measured: 5-10x lower error than on held-out rows for a transformer block).
 With a calibration file every fourth row is held out for parity; with generated samples the
-calibration set is drawn with a different seed.
+calibration set is drawn with a different seed. Parity rests on at least
+``validation.min_unseen_samples`` samples the quantiser never saw: when the file holds out
+fewer, the rest are made from its rows (services/validation/inputs.py ``synthesize_feeds``),
+and the manifest says how many of each.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from services.errors import InvalidSpec, SourceNonfinite
 from services.formats import Format
 from services.runners import ModelRunner, TensorSpec, open_runner
 from services.steps.context import StepContext
+from services.steps.reference import EVALUATION_INPUTS, EVALUATION_LABELS
 from services.validation import load_calibration, make_validation_inputs
 from services.validation.inputs import (
     ParityInputs,
@@ -30,6 +34,7 @@ from services.validation.inputs import (
     calibration_parity_inputs,
     check_spec_inputs,
     make_parity_inputs,
+    synthesize_feeds,
 )
 
 __all__ = ["refuse_nonfinite", "run_reference_step", "source_runner"]
@@ -76,19 +81,20 @@ def _save(path: Path, arrays: dict[str, np.ndarray]) -> None:
 HOLD_OUT = 4
 
 
-def _held_out_note(held: int, rows: int, wanted: int) -> str:
-    """Return what the job page and manifest say when few rows are held out: the verdict rests on them alone.
+def _held_out_note(held: int, rows: int, wanted: int, made: int) -> str:
+    """Return what the job page and manifest say when few rows are held out, and what Kiln made up for it.
 
-    Calibration rows are not added to the check: they flatter an int8 artifact (measured on a real
+    Calibration rows alone are not added to the check: they flatter an int8 artifact (measured on a real
     int8 text encoder from an 8-row file: cosine 0.947 on its 2 held-out rows and on the 6 calibration
     rows alike, 0.917 on 8 held-out rows of a 32-row file, 0.80 on other real inputs), so they would
-    add numbers without adding evidence.
+    add numbers without adding evidence. Mixtures and perturbations of the rows are new inputs.
     """
     if held >= wanted:
         return ""
     return (
-        f"only {held} of the file's {rows} rows are held out from calibration, so parity rests on {held} samples "
-        f"(validation.samples asks for {wanted}): give {wanted * HOLD_OUT} rows or more"
+        f"only {held} of the file's {rows} rows are held out from calibration; {made} more check inputs were made "
+        f"from the rows to reach validation.min_unseen_samples ({wanted}): give {wanted * HOLD_OUT} rows or more "
+        "for a verdict on real data alone"
     )
 
 
@@ -104,15 +110,18 @@ def _split_samples(
             rows = [{t.name: _as_dtype(feed[t.name], t) for t in runner.inputs} for feed in calibration]
         else:
             rows, _ = make_validation_inputs(runner.inputs, ctx.spec, calibration)
-        few_held = ""
+        wanted = ctx.spec.validation.min_unseen_samples
         if len(rows) >= HOLD_OUT:
             held = [r for i, r in enumerate(rows) if i % HOLD_OUT == HOLD_OUT - 1]
             calib = [r for i, r in enumerate(rows) if i % HOLD_OUT != HOLD_OUT - 1]
-            label = "calibration file"
-            few_held = _held_out_note(len(held), len(rows), ctx.spec.validation.samples)
+            label, unseen = "calibration file", len(held)
         else:
             held, calib, label = rows, rows, "calibration file (too few rows to hold any out for parity)"
-        parity = calibration_parity_inputs(held, runner.inputs, ctx.spec)
+            unseen = 0  # every row is also a calibration row
+        made, how = synthesize_feeds(rows, max(0, wanted - unseen), np.random.default_rng(ctx.spec.validation.seed + 3))
+        few_held = _held_out_note(unseen, len(rows), wanted, len(made))
+        parity = calibration_parity_inputs(held + made, runner.inputs, ctx.spec)
+        parity.evidence = {"unseen": unseen + len(made), "real": unseen, "synthesized": len(made), "rows": len(rows)}
         if isinstance(calibration, list):  # the user's feeds are the shapes to check
             parity.provenance = {t.name: "whole feeds of the calibration file" for t in runner.inputs}
             parity.shapes = (
@@ -122,8 +131,12 @@ def _split_samples(
             add_other_shapes(parity, runner.inputs, ctx.spec, bounds)
         if few_held:
             parity.provenance["held out"] = few_held
+        if made:
+            parity.provenance["synthesized"] = how
         return parity, calib, label
-    parity = make_parity_inputs(runner.inputs, ctx.spec, bounds)
+    count = max(ctx.spec.validation.samples, ctx.spec.validation.min_unseen_samples)
+    parity = make_parity_inputs(runner.inputs, ctx.spec, bounds, samples=count)
+    parity.evidence = {"unseen": count, "real": 0, "generated": count}
     seed = ctx.spec.validation.seed + 1
     calib = make_parity_inputs(
         runner.inputs, ctx.spec, bounds, seed=seed, samples=max(16, ctx.spec.validation.samples), extra_shapes=False
@@ -180,6 +193,77 @@ def refuse_nonfinite(outputs: list[dict[str, np.ndarray]], inputs_from: str) -> 
         )
 
 
+def _score_source(runner: ModelRunner, ctx: StepContext) -> dict[str, Any] | None:
+    """Score the source on the spec's labelled data; keep the feeds and labels for the exports; return the meta.
+
+    The labels are checked against the source's own output first, so a file that cannot be
+    scored is refused here (INVALID_SPEC), once, not by every target.
+    """
+    evaluation = ctx.spec.evaluation
+    if evaluation is None:
+        return None
+    from services.validation.evaluation import evaluation_report, load_evaluation, scored_output
+    from services.validation.task_metrics import check_labels, score
+
+    path = ctx.extras.get("evaluation_path", evaluation.data)
+    data = load_evaluation(path, runner.inputs, ctx.spec)
+    name = scored_output(evaluation, [t.name for t in runner.outputs])
+    ctx.progress(f"scoring the source on {data.samples} labelled samples ({evaluation.metric.value} of {name})")
+    outputs = [np.asarray(runner.run(feed)[name]) for feed in data.feeds]
+    check_labels(outputs, data.labels, evaluation)
+    result = score(outputs, data.labels, evaluation)
+    if not result.finite:
+        raise SourceNonfinite(
+            f"the source model's {evaluation.metric.value} on the evaluation data is not a number: its output {name} "
+            f"holds NaN or infinite values on {result.nonfinite} of {len(data.feeds)} feeds",
+            outputs=[name],
+        )
+    report = evaluation_report(evaluation, name, data.samples, result)
+    ctx.progress(f"source {evaluation.metric.value}: {result.value:.4f}")
+    _save(ctx.out_dir / EVALUATION_INPUTS, _pack(data.feeds))
+    _save(ctx.out_dir / EVALUATION_LABELS, {str(i): labels for i, labels in enumerate(data.labels)})
+    return {
+        "feeds": len(data.feeds),
+        "samples": data.samples,
+        "layout": data.layout,
+        "output": name,
+        "report": report,
+        "source_value": result.value,
+        "source_per_feed": result.per_feed,
+    }
+
+
+def _noise_floor(
+    ctx: StepContext, feeds: list[dict[str, np.ndarray]], outputs: list[dict[str, np.ndarray]], names: list[str]
+) -> dict[str, Any] | None:
+    """Return how far the source's other kernel set is from the reference on these feeds (None: it has one).
+
+    A source whose runtime has two kernel sets that disagree (LiteRT with and without XNNPACK,
+    dynamic quantisation in onnxruntime fused or not) has no single answer an artifact could
+    beat; services/validation/noise_floor.py says how the gate uses this.
+    """
+    from services.validation.noise_floor import alternate_kernels, measure_floor
+
+    options = {"signature": ctx.spec.signature} if ctx.source.format is Format.TFLITE else {}
+    try:
+        found = alternate_kernels(ctx.source.format, ctx.source.path, options)
+    except Exception as exc:  # the engine's own error type: no floor, said in the log
+        ctx.progress(f"the source's other kernels could not load it ({type(exc).__name__}): no noise floor")
+        return None
+    if found is None:
+        return None
+    runner, kernels = found
+    try:
+        ctx.progress(f"measuring the source's noise floor: {kernels}")
+        alternate = [runner.run(feed) for feed in feeds]
+    except Exception as exc:  # the engine's own error type
+        ctx.progress(f"{kernels} could not run the source ({type(exc).__name__}): no noise floor")
+        return None
+    finally:
+        runner.close()
+    return {"kernels": kernels, "outputs": measure_floor(outputs, alternate, names)}
+
+
 def run_reference_step(ctx: StepContext) -> Artifact:
     """Compute the signature, parity inputs and source outputs; return the reference artifact."""
     runner = source_runner(ctx)
@@ -198,7 +282,10 @@ def run_reference_step(ctx: StepContext) -> Artifact:
     shapes = f" at {len(parity.shapes)} shapes" if len(parity.shapes) > 1 else ""
     ctx.progress(f"running the {ctx.source.format.value} source on {len(parity.feeds)} samples{shapes} ({inputs_from})")
     outputs = _run_source(runner, parity, ctx)
-    runner.close()
+    try:
+        evaluation = _score_source(runner, ctx)
+    finally:
+        runner.close()
     runtime = getattr(runner, "runtime", None) or ctx.source.format.value
     passed_over = dict(getattr(runner, "passed_over", {}) or {})
     if passed_over:
@@ -207,6 +294,7 @@ def run_reference_step(ctx: StepContext) -> Artifact:
         )
     refuse_nonfinite(outputs, inputs_from)
     feeds = parity.feeds
+    noise_floor = _noise_floor(ctx, feeds, outputs, [t.name for t in runner.outputs])
     out = ctx.out_dir
     _save(out / "inputs.npz", _pack(feeds))
     _save(out / "outputs.npz", _pack(outputs))
@@ -229,7 +317,10 @@ def run_reference_step(ctx: StepContext) -> Artifact:
             "shape_of": parity.shape_of,
             "shapes": parity.shapes,
             "input_provenance": parity.provenance,
+            "evidence": parity.evidence,
+            "noise_floor": noise_floor,
             "reference_runtime": runtime,
             "reference_passed_over": {k: v[:400] for k, v in passed_over.items()},
+            **({"evaluation": evaluation} if evaluation else {}),
         },
     )

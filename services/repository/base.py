@@ -11,6 +11,10 @@ import abc
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from services.repository.signing_keys import SigningKey
 
 __all__ = ["ModelRepository"]
 
@@ -21,6 +25,9 @@ class ModelRepository(abc.ABC):
     #: The path at which serving engines see this repository (e.g. ``/models`` in a container),
     #: for base_path in TF Serving's and OVMS's configs; empty = the repository's own location.
     serving_root: str = ""
+    #: The key every version published here is signed with (services/repository/signing.py); the
+    #: factory that builds a repository from the settings sets it. None = versions go unsigned.
+    signing_key: SigningKey | None = None
 
     @abc.abstractmethod
     def lock(self) -> AbstractContextManager[None]:
@@ -53,6 +60,18 @@ class ModelRepository(abc.ABC):
     @abc.abstractmethod
     def fetch_version(self, name: str, version: int, dest: Path) -> Path:
         """Copy ``<name>/<version>/`` into ``dest``; return ``dest``."""
+
+    @abc.abstractmethod
+    def download_dir(self, relpath: str, dest: Path) -> int:
+        """Copy every file under ``relpath`` into ``dest``, complete version or not; return how many."""
+
+    @abc.abstractmethod
+    def version_fingerprint(self, model_dir: str, version: int) -> tuple[tuple[str, ...], ...]:
+        """Return what changes whenever a file of ``<model_dir>/<version>/`` does (names, sizes, change stamps)."""
+
+    def local_dir(self, relpath: str) -> Path | None:
+        """Return the directory ``relpath`` is on this machine's file system, None when it is not (S3)."""
+        return None
 
     def base_path(self, model_dir: str) -> str:
         """Return the path a server's config names for ``model_dir`` (TF Serving, OVMS)."""

@@ -83,3 +83,31 @@ class LocalModelRepository(ModelRepository):
             raise NotFound(f"model {name} version {version} is not in the repository")
         shutil.copytree(src, dest, dirs_exist_ok=True)
         return dest
+
+    def local_dir(self, relpath: str) -> Path | None:
+        return self.root / relpath
+
+    def download_dir(self, relpath: str, dest: Path) -> int:
+        src = self.root / relpath
+        if not src.is_dir():
+            raise NotFound(f"{src} is not a directory")
+        shutil.copytree(src, dest, dirs_exist_ok=True, symlinks=True)
+        return sum(1 for p in Path(dest).rglob("*") if p.is_file())
+
+    def version_fingerprint(self, model_dir: str, version: int) -> tuple[tuple[str, ...], ...]:
+        # ctime and the inode as well as mtime: mtime can be set back (touch -r), ctime cannot,
+        # and a file swapped in by rename has another inode.
+        vdir = self.root / model_dir / str(version)
+        out = []
+        for p in sorted(vdir.rglob("*")):
+            st = p.lstat()
+            out.append(
+                (
+                    p.relative_to(vdir).as_posix(),
+                    str(st.st_size),
+                    str(st.st_mtime_ns),
+                    str(st.st_ctime_ns),
+                    str(st.st_ino),
+                )
+            )
+        return tuple(out)

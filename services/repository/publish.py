@@ -22,6 +22,7 @@ from services.repository.layouts import (
     server_root,
     tfserving_models_config,
 )
+from services.repository.signing import SIGNATURE, file_sizes, sign_version
 from services.repository.triton_config import (
     DEFAULT_MAX_BATCH_SIZE,
     TritonModel,
@@ -39,10 +40,13 @@ __all__ = [
     "REPOSITORY_META",
     "PublishedVersion",
     "RepositoryConflict",
+    "configured_serving_root",
     "find_model_dir",
+    "normal_serving_root",
     "publish_version",
     "published_models",
     "read_manifest",
+    "replace_version_file",
     "resolve_serving_root",
     "triton_max_batch_size",
 ]
@@ -64,9 +68,13 @@ class PublishedVersion:
     uri: str
     files: list[str]
     reused: bool = False  # an identical version was already there; nothing was written
+    signed_by: str | None = None  # the id of the key that signed it (services/repository/signing_keys.py)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "version": self.version, "uri": self.uri, "files": self.files}
+        body: dict[str, Any] = {"name": self.name, "version": self.version, "uri": self.uri, "files": self.files}
+        if self.signed_by:
+            body["signed_by"] = self.signed_by
+        return body
 
 
 def _identical_version(
@@ -113,22 +121,36 @@ def published_models(repo: ModelRepository) -> list[tuple[str, str]]:
     return [(root, name) for root in ROOTS for name in repo.model_names(root)]
 
 
-def resolve_serving_root(repo: ModelRepository, requested: str | None) -> str | None:
-    """Return the path servers see this repository at; a requested one is recorded for later publishes.
+def normal_serving_root(root: str) -> str:
+    """Return ``root`` as it is recorded and compared (no trailing slash, except for ``/`` itself)."""
+    return root.rstrip("/") or "/"
 
-    Order: the job's (spec or CLI), then the one recorded in the repository, then the
-    repository's own setting (KILN_SERVING_ROOT); None means the repository's own location.
+
+def configured_serving_root(repo: ModelRepository) -> str | None:
+    """Return the serving root in force: the one recorded in the repository, else its setting (KILN_SERVING_ROOT).
+
+    None means the repository's own location. This is the deployment's: on a service only an
+    admin's job may change it (api/submission.py), since it moves every model's base path.
     """
-    if requested:
-        root = requested.rstrip("/") or "/"
-        repo.write_file(REPOSITORY_META, json.dumps({"serving_root": root}, indent=2).encode())
-        return root
     raw = repo.read_file(REPOSITORY_META)
     if raw is not None:
         recorded = json.loads(raw).get("serving_root")
         if recorded:
             return str(recorded)
     return repo.serving_root or None
+
+
+def resolve_serving_root(repo: ModelRepository, requested: str | None) -> str | None:
+    """Return the path servers see this repository at; a requested one is recorded for later publishes.
+
+    Order: the job's (spec or CLI), then :func:`configured_serving_root`.
+    """
+    if requested:
+        root = normal_serving_root(requested)
+        if root != configured_serving_root(repo):
+            repo.write_file(REPOSITORY_META, json.dumps({"serving_root": root}, indent=2).encode())
+        return root
+    return configured_serving_root(repo)
 
 
 def _base_path(repo: ModelRepository, serving_root: str | None, model_dir: str) -> str:
@@ -268,10 +290,22 @@ def publish_version(
         elif version in versions:
             raise RepositoryConflict(f"model {name!r} already has version {version}", name=name, version=version)
         manifest = {**manifest, "name": name, "version": version, "published_at": datetime.now(UTC).isoformat()}
+        signed_by = None
         with tempfile.TemporaryDirectory(prefix="kiln-publish-") as tmp:
-            staged = Path(tmp) / "v"
-            shutil.copytree(artifact.root, staged, ignore=shutil.ignore_patterns(DESCRIPTOR, ".kiln-complete"))
+            # Named for the model: the signature's subject (informative only) reads "<name>.v<version>".
+            staged = Path(tmp) / f"{name}.v{version}"
+            shutil.copytree(
+                artifact.root, staged, ignore=shutil.ignore_patterns(DESCRIPTOR, ".kiln-complete", SIGNATURE)
+            )
+            # Each file's size, so that a verifier can tell a file replaced from one altered in place;
+            # the file an engine opens, so that `kiln verify --evaluation` can run it again.
+            manifest["files"] = file_sizes(staged)
+            manifest["entry"] = artifact.entry
             (staged / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
+            if repo.signing_key is not None:
+                # Signed in the staging folder: the signature is one of the version's files and
+                # appears with them (a rename here, before the manifest on S3), never after.
+                signed_by = sign_version(staged, repo.signing_key)
             files = sorted(p.relative_to(staged).as_posix() for p in staged.rglob("*") if p.is_file())
             if done is None:
                 repo.write_version(model_dir, version, staged)
@@ -328,7 +362,9 @@ def publish_version(
                 )
             if serving.get("ovms"):
                 repo.write_file(OVMS_CONFIG, ovms_config_json(_served_models(repo, "ovms", where)).encode())
-    return PublishedVersion(name=name, version=version, uri=repo.uri(f"{model_dir}/{version}"), files=files)
+    return PublishedVersion(
+        name=name, version=version, uri=repo.uri(f"{model_dir}/{version}"), files=files, signed_by=signed_by
+    )
 
 
 def read_manifest(repo: ModelRepository, name: str, version: int) -> dict[str, Any]:
@@ -338,3 +374,21 @@ def read_manifest(repo: ModelRepository, name: str, version: int) -> dict[str, A
     if raw is None:
         raise NotFound(f"no manifest for {name} version {version}")
     return json.loads(raw)  # type: ignore[no-any-return]
+
+
+def replace_version_file(repo: ModelRepository, version_relpath: str, filename: str, data: bytes) -> None:
+    """Replace one file of a published version and sign the version again (it was signed with other bytes).
+
+    For what is added after a version is published (``kiln tune`` records its search in the
+    manifest). The file is replaced first, then the signature: between the two writes a verifier
+    sees the file as modified, never a stale signature passing new bytes.
+    """
+    repo.write_file(f"{version_relpath}/{filename}", data)
+    if repo.signing_key is None:
+        return
+    with tempfile.TemporaryDirectory(prefix="kiln-resign-") as tmp:
+        staged = Path(tmp) / version_relpath.strip("/").replace("/", ".")
+        repo.download_dir(version_relpath, staged)
+        (staged / SIGNATURE).unlink(missing_ok=True)
+        sign_version(staged, repo.signing_key)
+        repo.write_file(f"{version_relpath}/{SIGNATURE}", (staged / SIGNATURE).read_bytes())

@@ -349,3 +349,27 @@ class S3ModelRepository(ModelRepository):
             pairs = [(o["Key"], dest / safe_relpath(o["Key"][len(vdir) :])) for o in objects]
             download_keys(self.client, self.location.bucket, pairs)
         return dest
+
+    def download_dir(self, relpath: str, dest: Path) -> int:
+        base = self._dir_prefix(relpath)
+        with s3_errors(f"fetching {relpath or 'the prefix'}", self.location):
+            objects = list(list_keys(self.client, self.location.bucket, base))
+            if not objects:
+                raise NotFound(f"nothing under {self.uri(relpath)}")
+            dest = Path(dest)
+            dest.mkdir(parents=True, exist_ok=True)
+            download_keys(
+                self.client,
+                self.location.bucket,
+                [(o["Key"], dest / safe_relpath(o["Key"][len(base) :])) for o in objects],
+            )
+        return len(objects)
+
+    def version_fingerprint(self, model_dir: str, version: int) -> tuple[tuple[str, ...], ...]:
+        # Every PutObject gives an object a new ETag and Last-Modified.
+        base = self._dir_prefix(f"{model_dir}/{version}")
+        with s3_errors(f"listing {model_dir} version {version}", self.location):
+            return tuple(
+                (o["Key"][len(base) :], str(o["Size"]), str(o.get("ETag")), str(o.get("LastModified")))
+                for o in sorted(list_keys(self.client, self.location.bucket, base), key=lambda o: o["Key"])
+            )

@@ -5,8 +5,9 @@ pnnx converts a model at batch 1 and drops that axis, so this runner feeds a bat
 at a time and stacks the outputs: a batch of N costs N inferences (the benchmark's larger
 batch sizes measure that loop, not batched kernels). What the blobs mean (which source input
 ``in0`` is, each output's shape without the batch axis, the precision options the artifact
-was validated with) is in the artifact's sidecar, ``<model>.json``, written by the exporter
-(services/exporters/ncnn.py): the ``.param`` file itself names blobs only.
+was validated with, each input's dtype: ``int32`` for token ids, whose 32 bits ncnn's Embed
+layer reads as integers, ``float32`` otherwise) is in the artifact's sidecar, ``<model>.json``,
+written by the exporter (services/exporters/ncnn.py): the ``.param`` file itself names blobs only.
 """
 
 from __future__ import annotations
@@ -80,6 +81,8 @@ class NcnnRunner(ModelRunner):
         self.inputs = _specs(self.meta["inputs"])
         self.outputs = _specs(self.meta["outputs"])
         self._in_blobs = {e["name"]: e["blob"] for e in self.meta["inputs"]}
+        # An int32 blob (token ids for ncnn's Embed) holds the ids' 32 bits, not their float values.
+        self._in_dtypes = {e["name"]: np.dtype(e.get("dtype", "float32")) for e in self.meta["inputs"]}
         self._out_blobs = [(e["name"], e["blob"], tuple(e["shape"][1:])) for e in self.meta["outputs"]]
 
     def _batch_of(self, feeds: dict[str, np.ndarray]) -> int:
@@ -100,7 +103,7 @@ class NcnnRunner(ModelRunner):
         for i in range(batch):
             with self.net.create_extractor() as ex:
                 for name, blob in self._in_blobs.items():
-                    sample = np.ascontiguousarray(np.asarray(feeds[name])[i], dtype=np.float32)
+                    sample = np.ascontiguousarray(np.asarray(feeds[name])[i], dtype=self._in_dtypes[name])
                     # clone(): ncnn's x86 kernels use aligned AVX loads; numpy's buffer is only 16-byte
                     # aligned, and a Mat over it segfaulted in an elementwise layer (EfficientNetV2).
                     if ex.input(blob, Mat(sample).clone()) != 0:

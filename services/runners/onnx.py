@@ -1,4 +1,4 @@
-"""Run ONNX models with ONNX Runtime on the CPU."""
+"""Run ONNX models with ONNX Runtime: on the CPU, or on the execution providers a GPU check names."""
 
 from __future__ import annotations
 
@@ -68,7 +68,9 @@ class OnnxRuntimeRunner(ModelRunner):
 
     Options: ``threads`` (intra-op), ``optimization`` ("disable", "basic", "extended"; else ORT's
     default, all), ``profile_prefix`` (ORT's profiler on, its JSON written at that path prefix;
-    :meth:`end_profiling` returns the file).
+    :meth:`end_profiling` returns the file), ``providers`` (onnxruntime's execution providers in order of
+    preference; default the CPU's: a GPU check names CUDAExecutionProvider, and the first must start, since
+    onnxruntime would otherwise fall back to the next one silently).
     """
 
     def __init__(
@@ -78,6 +80,7 @@ class OnnxRuntimeRunner(ModelRunner):
         threads: int | None = None,
         optimization: str | None = None,
         profile_prefix: str | None = None,
+        providers: list[str] | None = None,
         **_: Any,
     ) -> None:
         import onnxruntime as ort
@@ -96,10 +99,20 @@ class OnnxRuntimeRunner(ModelRunner):
             opts.profile_file_prefix = profile_prefix
         opts.log_severity_level = 3
         self.path = Path(path)
+        wanted = providers or ["CPUExecutionProvider"]
         try:
-            self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+            self.session = ort.InferenceSession(str(path), opts, providers=wanted)
         except Exception as exc:  # ORT raises its own exception types for bad graphs
             raise _load_error(Path(path), exc) from exc
+        if self.session.get_providers()[0] != wanted[0]:
+            from services.errors import EngineUnavailable
+
+            raise EngineUnavailable(
+                f"onnxruntime {ort.__version__} did not start {wanted[0]} (it runs {self.session.get_providers()}; "
+                f"available here: {ort.get_available_providers()})",
+                hint="The GPU worker needs onnxruntime-gpu with its CUDA and cuDNN wheels (pip install 'kiln[gpu]') "
+                "and a visible GPU; onnxruntime's log says which library it could not load.",
+            )
         self.inputs = [_spec(a) for a in self.session.get_inputs()]
         self.outputs = [_spec(a) for a in self.session.get_outputs()]
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from services.errors import EngineUnavailable, SourceUnreadable
+from services.errors import EngineUnavailable, SourceUnreadable, tool_said
 from services.formats.paddle import PaddleModel, stage_paddle_model, vet_paddle_model
 from services.runners.base import ModelRunner, TensorSpec, contiguous
 
@@ -59,7 +59,7 @@ def open_predictor(model: PaddleModel, *, threads: int | None = None) -> Any:
     except Exception as exc:  # Paddle raises its own enforce errors (RuntimeError, ValueError, ...)
         text = str(exc).strip()
         raise SourceUnreadable(
-            f"Paddle cannot load {model.program.name}: {text.splitlines()[-1] if text else type(exc).__name__}",
+            f"Paddle cannot load {model.program.name}: {tool_said(text, exc)}",
             hint="Save the model again with paddle.jit.save and upload its program and .pdiparams together.",
         ) from exc
 

@@ -18,7 +18,7 @@ from services.runners.base import ModelRunner, TensorSpec, contiguous
 
 DEFAULT_SIGNATURE = "serving_default"
 
-__all__ = ["TFLiteRunner"]
+__all__ = ["TFLiteRunner", "pick_signature"]
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ def _tensor(name: str, d: dict[str, Any]) -> _Tensor:
     )
 
 
-def _pick_signature(signatures: dict[str, Any], wanted: str | None) -> str:
+def pick_signature(signatures: dict[str, Any], wanted: str | None) -> str:
     """Return the signature to run: the one asked for, or the model's only/first one by default."""
     if wanted in signatures:
         return wanted
@@ -104,7 +104,7 @@ class TFLiteRunner(ModelRunner):
         self.signature: str | None = None
         self._runner: Any = None
         if signatures:
-            self.signature = _pick_signature(signatures, signature)
+            self.signature = pick_signature(signatures, signature)
             self._runner = self.interpreter.get_signature_runner(self.signature)
             ins = self._runner.get_input_details()
             outs = self._runner.get_output_details()

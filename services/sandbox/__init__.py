@@ -13,6 +13,14 @@ The design and what it does not stop are in docs/security.md ("The sandbox").
 
 from services.sandbox.protection import Protection, host_protection
 from services.sandbox.redact import Redactor
-from services.sandbox.view import SandboxView, sandbox_view
+from services.sandbox.view import GPU_DEVICE_PATTERNS, SandboxView, gpu_devices, sandbox_view
 
-__all__ = ["Protection", "Redactor", "SandboxView", "host_protection", "sandbox_view"]
+__all__ = [
+    "GPU_DEVICE_PATTERNS",
+    "Protection",
+    "Redactor",
+    "SandboxView",
+    "gpu_devices",
+    "host_protection",
+    "sandbox_view",
+]

@@ -3,7 +3,7 @@
 Landlock (Linux's unprivileged sandboxing LSM, through the ``landlockpy`` binding: it
 degrades to what the running kernel supports) restricts the calling process and its future
 children for good: reading only the view's paths and its own folder, writing only its own
-folder (plus the benchmark locks and the null device), no TCP bind or connect (ABI 4+), and
+folder (plus the benchmark locks, the null device and the view's device nodes), no TCP bind or connect (ABI 4+), and
 no signals to or abstract unix sockets of processes outside it (ABI 6+). Landlock also keeps
 it from tracing, or reading ``/proc/<pid>/environ`` and ``mem`` of, any process outside its
 domain: the worker, the forkserver and the other steps.
@@ -18,8 +18,11 @@ from services.sandbox.view import SandboxView
 __all__ = ["confine_self"]
 
 
-def confine_self(view: SandboxView, own: Path) -> int:
-    """Restrict this process to ``view`` with ``own`` as its only folder; return the ABI applied (0: none)."""
+def confine_self(view: SandboxView, own: Path, own_inputs: Path | None = None) -> int:
+    """Restrict this process to ``view`` with ``own`` as its only folder; return the ABI applied (0: none).
+
+    ``own_inputs``: this process's folder of the inputs area, the only part of it it may read.
+    """
     import landlockpy
     from landlockpy import AccessFS, AccessNet, Ruleset, Scope
 
@@ -40,11 +43,14 @@ def confine_self(view: SandboxView, own: Path) -> int:
         handled_net=AccessNet.BIND_TCP | AccessNet.CONNECT_TCP,
         scoped=Scope.ABSTRACT_UNIX_SOCKET | Scope.SIGNAL,
     ) as rules:
-        for p in (*view.read, Path("/proc"), Path("/sys"), Path("/dev")):
+        for p in (*view.read, *((own_inputs,) if own_inputs is not None else ()), Path("/proc"), Path("/sys")):
             allow(rules, p, read)
+        allow(rules, Path("/dev"), read)
         for p in (own, *view.write, Path("/dev/shm")):
             allow(rules, p, read | write)
         for dev in ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"):
             allow(rules, Path(dev), AccessFS.READ_FILE | AccessFS.WRITE_FILE)
+        for node in view.devices:  # a GPU's nodes: the driver is driven by ioctl (ABI 5+ handles it)
+            allow(rules, node, (read | write) & on_file & ~AccessFS.EXECUTE)
         rules.restrict()
     return abi

@@ -48,6 +48,10 @@ class Redactor:
         secrets += [p for p in (_url_password(settings.database_url), _url_password(settings.broker_url)) if p]
         secrets += [v for k, v in environ.items() if _SECRET_NAME.search(k)]
         secrets += [p for v in environ.values() if "://" in v and (p := _url_password(v))]
+        # The signing key's PEM, line by line: a leak of part of it is cut as well as the whole.
+        signing = getattr(settings, "signing_key", None)
+        pem = signing.get_secret_value() if signing is not None else ""
+        secrets += [line.strip() for line in pem.splitlines() if line.strip() and not line.startswith("-----")]
         return cls(secrets)
 
     def text(self, value: str) -> str:

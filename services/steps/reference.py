@@ -6,6 +6,8 @@ framework and writes this artifact; the exporters, which sit below the pipeline,
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,18 @@ from services.artifacts import Artifact
 from services.formats import Format
 from services.tensors import TensorSpec
 
-__all__ = ["ReferenceData", "load_reference", "unpack_samples"]
+__all__ = [
+    "EVALUATION_INPUTS",
+    "EVALUATION_LABELS",
+    "ReferenceData",
+    "ReferenceEvaluation",
+    "load_reference",
+    "unpack_samples",
+]
+
+#: The reference artifact's copy of the spec's labelled data: the feeds, and each feed's labels.
+EVALUATION_INPUTS = "evaluation-inputs.npz"
+EVALUATION_LABELS = "evaluation-labels.npz"
 
 
 def unpack_samples(npz: dict[str, np.ndarray], n: int) -> list[dict[str, np.ndarray]]:
@@ -24,6 +37,19 @@ def unpack_samples(npz: dict[str, np.ndarray], n: int) -> list[dict[str, np.ndar
         i, _, name = key.partition("/")
         out[int(i)][name] = arr
     return out
+
+
+@dataclass
+class ReferenceEvaluation:
+    """The spec's labelled data as the reference step batched it, and the source's score on it."""
+
+    feeds: list[dict[str, np.ndarray]]
+    labels: list[np.ndarray]
+    output: str  # the source's name of the scored output
+    samples: int
+    source: dict[str, Any]  # the report of the source's own score (services/validation/evaluation.py)
+    source_value: float
+    source_per_feed: list[float]
 
 
 class ReferenceData:
@@ -46,11 +72,34 @@ class ReferenceData:
         self.shape_of: list[int] = list(meta.get("shape_of") or [0] * self.samples)
         self.shapes: list[dict[str, list[int]]] = list(meta.get("shapes") or [])
         self.input_provenance: dict[str, str] = dict(meta.get("input_provenance") or {})
+        # Samples no quantiser saw, by kind (real, synthesized, generated); references from before have none.
+        self.evidence: dict[str, int] = dict(meta.get("evidence") or {})
+        # The source's other kernel set against the reference (services/validation/noise_floor.py); None: one set.
+        self.noise_floor: dict[str, Any] | None = meta.get("noise_floor")
         self.reference_runtime: str = meta.get("reference_runtime") or self.source_format.value
 
     @property
     def output_names(self) -> list[str]:
         return [t.name for t in self.output_specs]
+
+    @cached_property
+    def evaluation(self) -> ReferenceEvaluation | None:
+        """Return the labelled data and the source's score, when the spec gave ``evaluation`` (read on first use)."""
+        meta = self.artifact.meta.get("evaluation")
+        if not meta:
+            return None
+        feeds = _load(self.artifact.root / EVALUATION_INPUTS, meta["feeds"])
+        with np.load(self.artifact.root / EVALUATION_LABELS, allow_pickle=False) as npz:
+            labels = [npz[str(i)] for i in range(meta["feeds"])]
+        return ReferenceEvaluation(
+            feeds=feeds,
+            labels=labels,
+            output=meta["output"],
+            samples=meta["samples"],
+            source=meta["report"],
+            source_value=float(meta["source_value"]),
+            source_per_feed=[float(v) for v in meta["source_per_feed"]],
+        )
 
 
 def _load(path: Path, n: int) -> list[dict[str, np.ndarray]]:

@@ -79,14 +79,19 @@ def artifact_store_from_url(url: str, settings: Settings) -> ArtifactStore:
 
 
 def repository_from_url(url: str, settings: Settings) -> ModelRepository:
-    """Return the model repository at ``url`` (directory, file:// or s3://bucket/prefix)."""
+    """Return the model repository at ``url`` (directory, file:// or s3://bucket/prefix), signing with the settings' key."""
+    from services.repository.signing_keys import signing_key_from_settings
+
     kind, where = _split(url, "model repository")
+    repo: ModelRepository
     if kind == "file":
         from services.repository.local import LocalModelRepository
 
-        return LocalModelRepository(where, serving_root=settings.serving_root)
-    from services.repository.s3 import S3ModelRepository
+        repo = LocalModelRepository(where, serving_root=settings.serving_root)
+    else:
+        from services.repository.s3 import S3ModelRepository
 
-    repo = S3ModelRepository(where.bucket, where.prefix, **s3_client_options(settings))
-    repo.serving_root = settings.serving_root
+        repo = S3ModelRepository(where.bucket, where.prefix, **s3_client_options(settings))
+        repo.serving_root = settings.serving_root
+    repo.signing_key = signing_key_from_settings(settings)
     return repo

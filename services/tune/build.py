@@ -5,8 +5,9 @@ calls share their conversions and the reference outputs (the first call runs the
 reuse them), which :func:`build_artifacts` counts. The artifacts are published into a scratch
 repository only (the recommendation is published for real afterwards).
 
-Pruning: a (target, precision) that fails parity is not expanded into settings; a target whose
-fp32 artifact fails is not built at a riskier precision.
+Pruning: a (target, precision) that fails parity, or loses more than ``evaluation.max_drop`` on
+the spec's labelled data (the accuracy floor), is not expanded into settings; a target whose fp32
+artifact fails is not built at a riskier precision.
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ from services.tune.budget import Deadline
 from services.tune.report import Built
 from services.tune.space import precisions_for
 
-__all__ = ["BuildResult", "build_artifacts", "parity_summary"]
+__all__ = ["PRUNING_CODES", "BuildResult", "build_artifacts", "evaluation_summary", "parity_summary"]
+
+#: A build that fails one of these is pruned (a quality verdict), not failed (an error).
+PRUNING_CODES = ("PARITY_FAILED", "ACCURACY_DROP_EXCEEDED")
 
 #: Lowest risk first: a riskier precision is built only where a safer one passed.
 PRECISION_ORDER = ("fp32", "fp16", "int8", "int4")
@@ -73,6 +77,14 @@ def parity_summary(parity: dict[str, Any] | None) -> dict[str, Any] | None:
         "min_snr_db": round(worst, 2) if worst is not None and math.isfinite(worst) else None,
         "failures": list(parity.get("failures", []))[:5],
     }
+
+
+def evaluation_summary(evaluation: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Return the accuracy fields a tune reports: metric, the artifact's and the source's scores, drop, verdict."""
+    if not evaluation or "passed" not in evaluation:
+        return None
+    keys = ("metric", "artifact", "source", "drop", "max_drop", "passed")
+    return {k: evaluation.get(k) for k in keys}
 
 
 def _payload_bytes(artifact_path: str) -> int | None:
@@ -148,6 +160,7 @@ def build_artifacts(
                     tr = compiled.targets[target]
                     code = (tr.error or {}).get("code")
                     summary = parity_summary(tr.parity)
+                    accuracy = evaluation_summary(tr.evaluation)
                     if tr.status == "succeeded" and tr.artifact:
                         result.built.append(
                             Built(
@@ -159,14 +172,17 @@ def build_artifacts(
                                 artifact_bytes=_payload_bytes(tr.artifact),
                                 parity=summary,
                                 warnings=list(tr.warnings),
+                                evaluation=accuracy,
                             )
                         )
                         continue
-                    status = "pruned" if code == "PARITY_FAILED" else "failed"
+                    status = "pruned" if code in PRUNING_CODES else "failed"
                     if precision == "fp32":
                         fp32_failed.add(target)
                     error = {"code": code, "message": str((tr.error or {}).get("message", ""))[:500]}
-                    result.built.append(Built(target, precision, status, parity=summary, error=error))
+                    result.built.append(
+                        Built(target, precision, status, parity=summary, error=error, evaluation=accuracy)
+                    )
             finally:  # what this precision gave, as it comes (a tune job's page shows it live)
                 if len(result.built) > known:
                     emit(

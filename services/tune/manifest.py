@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from services.repository.base import ModelRepository
-from services.repository.publish import MANIFEST
+from services.repository.publish import MANIFEST, replace_version_file
 
 __all__ = ["record_tune", "tune_section"]
 
@@ -44,11 +44,13 @@ def record_tune(repository: ModelRepository, published: dict[str, Any], section:
     uri = str(published.get("uri", ""))
     if not uri.startswith(root):
         return None
-    relpath = f"{uri[len(root) :].strip('/')}/{MANIFEST}"
+    version_dir = uri[len(root) :].strip("/")
+    relpath = f"{version_dir}/{MANIFEST}"
     raw = repository.read_file(relpath)
     if raw is None:
         return None
     manifest = json.loads(raw)
     manifest["tune"] = section
-    repository.write_file(relpath, json.dumps(manifest, indent=2, default=str).encode())
+    # The manifest is one of the files the version's signature covers: signed again with it.
+    replace_version_file(repository, version_dir, MANIFEST, json.dumps(manifest, indent=2, default=str).encode())
     return relpath

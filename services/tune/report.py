@@ -29,7 +29,7 @@ class Built:
 
     target: str
     precision: str
-    status: str  # built | pruned (failed parity) | failed (another error) | skipped (budget)
+    status: str  # built | pruned (failed parity or the accuracy floor) | failed (another error) | skipped (budget)
     artifact: str | None = None
     artifact_format: str | None = None
     artifact_bytes: int | None = None
@@ -37,6 +37,8 @@ class Built:
     error: dict[str, Any] | None = None  # code and message when not built
     #: What the export warned about (int8 calibrated on generated samples, a fixed-shape fallback).
     warnings: list[str] = field(default_factory=list)
+    #: Its score on the spec's labelled data against the source's (metric, artifact, source, drop, passed).
+    evaluation: dict[str, Any] | None = None
 
 
 @dataclass
@@ -54,6 +56,7 @@ class Candidate:
     parity: dict[str, Any] | None = None
     reason: str | None = None  # why it was not timed
     warnings: list[str] = field(default_factory=list)  # the build's warnings
+    evaluation: dict[str, Any] | None = None  # the build's accuracy on the labelled data (the floor it met)
     p50_ms: float | None = None
     p99_ms: float | None = None
     p25_ms: float | None = None
@@ -87,6 +90,7 @@ class Candidate:
             "id": self.key,
             **{k: getattr(self, k) for k in _SUMMARY_FIELDS},
             "min_snr_db": parity.get("min_snr_db"),
+            "accuracy": (self.evaluation or {}).get("artifact"),
             "reason": (self.reason or "")[:200] or None,
         }
 

@@ -96,6 +96,7 @@ def expand_candidates(built: list[Built], batches: list[int], objective: str, cp
                     passed=False,
                     status=b.status,
                     parity=b.parity,
+                    evaluation=b.evaluation,
                     reason=f"{(b.error or {}).get('code')}: {reason}"[:500],
                 )
             )
@@ -114,6 +115,7 @@ def expand_candidates(built: list[Built], batches: list[int], objective: str, cp
                         artifact_bytes=b.artifact_bytes,
                         parity=b.parity,
                         warnings=list(b.warnings),
+                        evaluation=b.evaluation,
                     )
                 )
     return out

@@ -102,6 +102,10 @@ def _shared_spec(ctx: StepContext) -> dict[str, Any]:
         data["calibration"] = str(calibration)
     else:
         data.pop("calibration", None)
+    evaluation = ctx.extras.get("evaluation_path")
+    if ctx.spec.evaluation is not None and evaluation:
+        # The candidates' accuracy floor: the labelled data where this step fetched it.
+        data["evaluation"] = {**ctx.spec.evaluation.model_dump(mode="json"), "data": str(evaluation)}
     return data
 
 

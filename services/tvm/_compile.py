@@ -7,7 +7,8 @@ The layout a version holds (see :data:`LIBRARY`, :data:`PARAMS`, :data:`IO_FILE`
 - ``params.bin``: the weights in TVM's parameter-dict format (``p0``, ``p1``, ... in ``main``'s
   order), already transformed for ``main``: at fp16 they are stored at fp16;
 - ``io.json``: input and output names, dtypes and shapes (None for an open axis);
-- ``model_cuda.so`` (with ``cuda_arch``): the same graph for a CUDA GPU, cross-compiled here;
+- ``model_cuda.so`` (with ``cuda_arch``): the same graph for a CUDA GPU, cross-compiled here, its
+  kernels an embedded cubin for that architecture (services/tvm/cuda.py);
 - ``README.md``: how to load it.
 
 Weights leave the graph (``keep_params_in_input``) and ``LiftTransformParams`` moves whatever
@@ -20,13 +21,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from services.descriptors.tvm import TvmOptions
+import numpy as np
+
+from services.descriptors.tvm import DEFAULT_TUNING_TRIALS, TvmOptions
 from services.errors import ConversionFailed, EngineUnavailable, InvalidSpec
 from services.tensors import TensorSpec
 
@@ -115,7 +116,10 @@ def _relax_module(onnx_model: Any, shape_dict: dict[str, list[int]] | None, fp16
     from tvm import relax
     from tvm.relax.frontend.onnx import from_onnx
 
-    mod = from_onnx(onnx_model, shape_dict=shape_dict, keep_params_in_input=True)
+    from services.tvm._frontend import importer_fixes, prepare_for_import
+
+    with importer_fixes():
+        mod = from_onnx(prepare_for_import(onnx_model), shape_dict=shape_dict, keep_params_in_input=True)
     mod, params = relax.frontend.detach_params(mod)
     weights = list(params.get("main", []))
     n_inputs = len(mod["main"].params) - len(weights)
@@ -134,34 +138,6 @@ def _fused(mod: Any, target: Any) -> Any:
     passes += [relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
     with target, tvm.transform.PassContext(opt_level=3):
         return tvm.transform.Sequential(passes)(mod)
-
-
-def _nvcc_check(library: Any, arch: str, scratch: Path) -> dict[str, Any]:
-    """Compile the CUDA library's kernels with nvcc for ``arch``; return what it built (skipped without nvcc)."""
-    nvcc = shutil.which("nvcc")
-    cuda = [m for m in library.imports[0].imports if m.kind == "cuda"] if library.imports else []
-    if not cuda:
-        raise ConversionFailed("the CUDA build holds no CUDA module", tool="tvm.compile")
-    # The module built without a CUDA driver keeps CUDA C (compiled by NVRTC when loaded on a GPU);
-    # it answers the source under its own format name, which is the empty one in TVM 0.27.
-    source = cuda[0].inspect_source("cu") or cuda[0].inspect_source("")
-    kernels = source.count('extern "C" __global__')
-    if nvcc is None:
-        return {"kernels": kernels, "nvcc": None, "checked": False}
-    cu = scratch / "kernels.cu"
-    cu.write_text(source)
-    cubin = scratch / "kernels.cubin"
-    proc = subprocess.run(
-        [nvcc, "--cubin", f"-arch={arch}", "-o", str(cubin), str(cu)], capture_output=True, text=True, timeout=600
-    )
-    if proc.returncode != 0:
-        raise ConversionFailed(
-            f"nvcc cannot compile the CUDA kernels TVM generated for {arch}",
-            tool="nvcc",
-            output=(proc.stderr or proc.stdout)[-4000:],
-        )
-    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
-    return {"kernels": kernels, "nvcc": version, "checked": True, "cubin_bytes": cubin.stat().st_size}
 
 
 def _faster(
@@ -207,51 +183,108 @@ def build_libraries(
     scratch: Path,
     progress: Callable[[str], None] = lambda _m: None,
     pin_shapes: PinShapes | None = None,
+    probe_feeds: Sequence[dict[str, Any]] = (),
+    parity_shapes: dict[str, list[int]] | None = None,
 ) -> dict[str, Any]:
     """Write model.so, params.bin, io.json (and model_cuda.so) into ``out_dir``; return engine details.
 
-    Open axes stay open where TVM can compile them. Where it cannot (real detectors and OCR
-    models: a Reshape whose target TVM's importer cannot infer) and the spec gives a concrete
-    shape for every open axis, the library is built for those shapes instead, and the details
-    say so (``built_for``); the io.json then declares them, so the parity check and the runner
-    feed only those shapes. ``pin_shapes`` puts them in the graph and folds its shape arithmetic
-    first (the exporter passes services/passes/pinned_shapes.py's: the passes sit beside this
-    package, not below it).
+    Open axes stay open where TVM can compile them and the library runs: it is run once on
+    each of ``probe_feeds`` (the parity inputs, one per shape) before it is kept. Where TVM
+    cannot build it, or the library fails when run (``std::bad_alloc`` from a memory plan over
+    open axes), it is built for fixed shapes instead: the spec's concrete shape for every open
+    axis, else ``parity_shapes`` (the shape parity checks first); the details say so
+    (``built_for``) and the io.json declares them, so parity and the runner feed only those.
+    ``pin_shapes`` puts them in the graph and folds its shape arithmetic first (the exporter
+    passes services/passes/pinned_shapes.py's: the passes sit beside this package, not below it).
     """
     import onnx
 
     model = onnx.load(str(onnx_path))
     inputs, outputs = onnx_io(model)
     details: dict[str, Any] = {}
-    shape_dict = _static_shapes(inputs, spec_inputs) if options.tuning_trials else None
+    trials, shape_dict = _tuning_plan(inputs, spec_inputs, options)
     try:
-        inputs = _build(model, inputs, shape_dict, out_dir, fp16, options, scratch, progress, details)
+        inputs = _build(
+            model, inputs, shape_dict, out_dir, fp16, options, scratch, progress, details, probe_feeds, trials
+        )
     except (ConversionFailed, InvalidSpec, EngineUnavailable):
         raise
     except Exception as exc:
-        pinned = _given_shapes(inputs, spec_inputs) if shape_dict is None else None
-        if pinned is None:
-            raise _tvm_failed(exc) from exc
+        pinned, chosen_by = _given_shapes(inputs, spec_inputs), "the spec's inputs"
+        if pinned is None and parity_shapes is not None and any(None in t.shape for t in inputs):
+            pinned = {t.name: list(parity_shapes[t.name]) for t in inputs if t.name in parity_shapes}
+            pinned, chosen_by = (pinned, "the parity inputs' shape") if len(pinned) == len(inputs) else (None, "")
+        if shape_dict is not None or pinned is None:
+            raise _tvm_failed(exc, fixed_shapes=shape_dict is not None) from exc
         why = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-        progress(f"TVM cannot compile the open axes ({why}); building for the given shapes {pinned}")
+        progress(f"TVM cannot compile or run the open axes ({why}); building for {chosen_by}, {pinned}")
         details.clear()
         try:
             # The shapes go into the graph and its shape arithmetic is folded first: given to
             # the importer alone they leave Reshape targets it cannot infer on real models.
             fixed, passes = pin_shapes(model, pinned) if pin_shapes is not None else (model, [])
-            inputs = _build(fixed, inputs, pinned, out_dir, fp16, options, scratch, progress, details)
+            probes = [f for f in probe_feeds if all(list(np.shape(f[k])) == v for k, v in pinned.items() if k in f)]
+            # A library fixed at these shapes is tuned like any static one (the default budget unless the spec names one).
+            trials = default_tuning_trials() if options.tuning_trials is None else options.tuning_trials
+            inputs = _build(fixed, inputs, pinned, out_dir, fp16, options, scratch, progress, details, probes, trials)
         except (ConversionFailed, InvalidSpec, EngineUnavailable):
             raise
         except Exception as again:
-            raise _tvm_failed(again) from again
+            raise _tvm_failed(again, fixed_shapes=True) from again
         details["built_for"] = {
             "shapes": pinned,
-            "why": f"TVM could not compile the open axes: {why}",
+            "chosen_by": chosen_by,
+            "why": f"TVM could not compile or run the open axes: {why}",
             "passes": [r["name"] for r in passes if r["modified"]],
         }
     io = {"inputs": [t.to_dict() for t in inputs], "outputs": [t.to_dict() for t in outputs]}
     (out_dir / IO_FILE).write_text(json.dumps(io, indent=2) + "\n")
     return details
+
+
+def default_tuning_trials() -> int:
+    """Return the budget a static library gets when the spec names none: ``KILN_TVM_DEFAULT_TRIALS``, else Kiln's."""
+    try:
+        return max(0, int(os.environ.get("KILN_TVM_DEFAULT_TRIALS", DEFAULT_TUNING_TRIALS)))
+    except ValueError:
+        return DEFAULT_TUNING_TRIALS
+
+
+def _tuning_plan(
+    inputs: list[TensorSpec], spec_inputs: dict[str, Any], options: TvmOptions
+) -> tuple[int, dict[str, list[int]] | None]:
+    """Return the trial budget of the first build and the static shapes it is built at (None: open axes).
+
+    A budget the spec names tunes at static shapes (open axes closed from the spec, else
+    INVALID_SPEC); the default budget tunes a model whose shapes are all static and leaves open
+    axes open and untuned (tuning would fix them).
+    """
+    if options.tuning_trials:
+        return options.tuning_trials, _static_shapes(inputs, spec_inputs)
+    if options.tuning_trials is None and all(None not in t.shape for t in inputs):
+        trials = default_tuning_trials()
+        return trials, ({t.name: [int(d) for d in t.shape if d is not None] for t in inputs} if trials else None)
+    return 0, None
+
+
+class LibraryRunFailed(RuntimeError):
+    """The library TVM built failed when run on a parity input (it builds, it does not run)."""
+
+
+def _probe(vm: Any, weights: list[Any], inputs: list[TensorSpec], feeds: Sequence[dict[str, Any]]) -> None:
+    """Run the library once on each feed; LibraryRunFailed names the shapes it failed at."""
+    import tvm
+
+    for feed in feeds:
+        if any(t.name not in feed for t in inputs):
+            continue
+        args = [tvm.runtime.tensor(np.ascontiguousarray(feed[t.name], dtype=t.dtype)) for t in inputs]
+        try:
+            vm["main"](*args, *weights)
+        except Exception as exc:
+            shapes = {t.name: list(np.shape(feed[t.name])) for t in inputs}
+            first = str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else type(exc).__name__
+            raise LibraryRunFailed(f"the library failed when run at {shapes}: {first}") from exc
 
 
 def _build(
@@ -264,12 +297,14 @@ def _build(
     scratch: Path,
     progress: Callable[[str], None],
     details: dict[str, Any],
+    probe_feeds: Sequence[dict[str, Any]] = (),
+    trials: int = 0,
 ) -> list[TensorSpec]:
-    """Import, (tune,) compile and write the libraries at ``shape_dict`` (None: open axes); return the io inputs."""
+    """Import, (tune,) compile, run once on ``probe_feeds`` and write the libraries at ``shape_dict`` (None: open axes); return the io inputs."""
     tvm = import_tvm()
     from tvm import relax
 
-    target = cpu_target(options, for_tuning=bool(options.tuning_trials))
+    target = cpu_target(options, for_tuning=bool(trials))
     details.update(
         {
             "target": {"kind": "llvm", "mcpu": str(target.attrs["mcpu"])},
@@ -282,11 +317,16 @@ def _build(
     mod = base
     if shape_dict is not None:
         inputs = [TensorSpec(t.name, t.dtype, tuple(shape_dict[t.name])) for t in inputs]
-    if shape_dict is not None and options.tuning_trials:
-        from services.tvm._tuning import tune_module
+    if shape_dict is not None and trials:
+        from services.tvm._tuning import tune_module, tuning_store
 
-        progress(f"tuning with MetaSchedule ({options.tuning_trials} trials)")
-        mod, summary = tune_module(_fused(base, target), target, options.tuning_trials, scratch / "tuning")
+        progress(
+            f"tuning with MetaSchedule ({trials} trials, at most {options.tuning_seconds} s; kernels tuned before are reused)"
+        )
+        fused = _fused(base, target)
+        mod, summary = tune_module(
+            fused, target, trials, scratch / "tuning", store=tuning_store(), seconds=options.tuning_seconds
+        )
         details["tuning"] = {**summary, "static_shapes": shape_dict}
     progress(f"compiling for {details['target']['mcpu']}")
     executable = tvm.compile(mod, target=target)
@@ -303,27 +343,32 @@ def _build(
         if kept == "default":
             progress("TVM's default schedules are faster than the tuned ones: keeping them")
             executable, transformed = default_exec, default_weights
+            vm = default_vm
+    if probe_feeds:
+        progress(f"running the library on {len(probe_feeds)} parity input(s)")
+        _probe(vm, transformed, inputs, probe_feeds)
     executable.export_library(str(out_dir / LIBRARY))
     blob = tvm.runtime.save_param_dict({f"p{i}": w for i, w in enumerate(transformed)})
     (out_dir / PARAMS).write_bytes(bytes(blob))
     details["params"] = {"count": len(transformed), "dtypes": sorted({str(w.dtype) for w in transformed})}
     if options.cuda_arch:
+        from services.tvm.cuda import build_cuda_library
+
         progress(f"cross-compiling for CUDA {options.cuda_arch}")
-        cuda_target = tvm.target.Target({"kind": "cuda", "arch": options.cuda_arch}, host={"kind": "llvm"})
-        cuda_lib = tvm.compile(base, target=cuda_target)  # GPU kernels get TVM's default GPU schedules
-        cuda_lib.export_library(str(out_dir / CUDA_LIBRARY))
-        check = _nvcc_check(cuda_lib.mod, options.cuda_arch, scratch)
-        details["cuda"] = {"library": CUDA_LIBRARY, "arch": options.cuda_arch, "run_by_kiln": False, **check}
+        built = build_cuda_library(base, options.cuda_arch, out_dir / CUDA_LIBRARY, scratch / "cuda", progress)
+        details["cuda"] = {"library": CUDA_LIBRARY, **built}
     return inputs
 
 
-def _tvm_failed(exc: BaseException) -> ConversionFailed:
+def _tvm_failed(exc: BaseException, *, fixed_shapes: bool) -> ConversionFailed:
+    """CONVERSION_FAILED for TVM's error; the hint names only what would change the outcome."""
     hint = None
     if "must have the same datatype" in str(exc):
         # TVM 0.27's ONNX frontend folds a Shape -> Cast -> Sqrt chain (an attention scale) into a
         # float64 scalar and then refuses float32 / float64; Kiln's constant folding removes the chain.
         hint = "Compile with optimize: true (the default) so Kiln folds shape arithmetic before TVM imports it."
-    elif "shape" in str(exc).lower():
+    elif not fixed_shapes and ("shape" in str(exc).lower() or isinstance(exc, LibraryRunFailed)):
+        # Only at open axes: the same failure at fixed shapes is not one that shapes would change.
         hint = "Give every open input axis a concrete size (inputs.<name>.shape, or kiln compile --input NAME:1x3x480x640) and Kiln builds the library for it."
     return ConversionFailed(
         f"TVM cannot compile the model: {exc}", hint=hint, tool="tvm.relax", output=str(exc)[-4000:]

@@ -41,11 +41,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from services.validation.intervals import DEFAULT_CONFIDENCE, PredictionBound, prediction_bound
+
 __all__ = [
     "MIN_CENTRED_VALUES",
     "OutputMetrics",
     "SampleMetrics",
     "class_axis",
+    "elementwise_atol",
     "measure_output",
     "nonfinite_mismatch",
 ]
@@ -91,6 +94,10 @@ class OutputMetrics:
     #: samples whose source varies by fewer units in the last place of its own values than the
     #: SNR bound can resolve (see :func:`_resolvable`): judged by atol/rtol, cosine and top-1 alone
     rounding_level: int = 0
+    #: the absolute error allowed on a value near 0: atol scaled by the output's peak (see :func:`elementwise_atol`)
+    atol_used: float | None = None
+    #: per centred measure, where the next unseen sample falls (services/validation/intervals.py)
+    intervals: dict[str, PredictionBound] | None = None
 
 
 def nonfinite_mismatch(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -239,6 +246,23 @@ class _Moments:
         return ms if ms > 0.0 else None
 
 
+def elementwise_atol(atol: float | None, peak: float) -> float | None:
+    """Return the absolute error allowed on an output whose largest source magnitude is ``peak``.
+
+    ``atol`` is written for outputs of unit scale (probabilities, normalised features). On an
+    output that reaches 1e3 one unit of atol is far below what its own float type can resolve
+    (an fp16 value near 1000 is spaced 0.5 apart, fp32's 6e-5), so an error at rounding level
+    failed it: logits of ~1700 refused every fp32 artifact (max_abs 2-5) while the fp16 one
+    with the same errors passed fp16's wider atol; an embedding of +-46 refused fp16 at SNR
+    48 dB. Scaled by the peak, atol means the same share of the output's range at every
+    magnitude; below a peak of 1 it stays as given (never tighter than before), and the
+    centred measures, which are scale-free, judge the output's shape either way.
+    """
+    if atol is None:
+        return None
+    return atol * max(1.0, peak)
+
+
 def measure_output(
     actual: list[np.ndarray],
     expected: list[np.ndarray],
@@ -247,22 +271,30 @@ def measure_output(
     rtol: float | None,
     min_snr_db: float | None = None,
     axis: int | str | None = "infer",
+    confidence: float = DEFAULT_CONFIDENCE,
+    atol_floor: float | None = None,
 ) -> OutputMetrics:
     """Return the agreement of one output, given per feed (lists of equal-shaped arrays).
 
     ``axis`` is the class axis for top-1 in the feed's layout ("infer": :func:`class_axis`);
-    ``atol`` and ``min_snr_db`` also set what a tie of the source is (see the module docstring).
-    Shapes must already agree; the caller says what a mismatch means.
+    ``atol`` (scaled by the output's peak, :func:`elementwise_atol`) and ``min_snr_db`` also
+    set what a tie of the source is (see the module docstring). ``confidence`` is that of each
+    measure's prediction bound over the samples (services/validation/intervals.py). Shapes
+    must already agree; the caller says what a mismatch means. ``atol_floor``: the absolute
+    error the source's own kernels leave (services/validation/noise_floor.py); atol is never below it.
     """
     a_rows, b_rows = _rows(actual), _rows(expected)
+    # The centred measures are scale-free: taking them on values divided by the source's
+    # largest magnitude keeps squares of outputs near 1e200 (seen in ONNX's own test data) finite.
+    unit = _unit(b_rows)
+    atol = elementwise_atol(atol, unit)
+    if atol is not None and atol_floor:
+        atol = max(atol, atol_floor)
     floor = atol if atol else 1e-6
     moments: list[_Moments] = []
     max_abs = max_rel = 0.0
     within = True
     nonfinite = 0
-    # The centred measures are scale-free: taking them on values divided by the source's
-    # largest magnitude keeps squares of outputs near 1e200 (seen in ONNX's own test data) finite.
-    unit = _unit(b_rows)
     for ra, rb in zip(a_rows, b_rows, strict=True):
         ra, rb = ra.reshape(-1), rb.reshape(-1)
         ok = np.isfinite(ra) & np.isfinite(rb)
@@ -354,7 +386,20 @@ def measure_output(
         scale=max(scales, key=lambda v: abs(v - 1.0)) if scales else None,
         bias=max(biases, key=abs) if biases else None,
         rounding_level=rounding_level,
+        atol_used=atol,
+        intervals=_intervals(per_sample, confidence),
     )
+
+
+def _intervals(per_sample: list[SampleMetrics], confidence: float) -> dict[str, PredictionBound]:
+    """Return each centred measure's prediction bound over the samples that have it (none below 2)."""
+    out = {}
+    for metric in ("pearson", "snr_db", "cosine", "scale", "bias"):
+        values = [v for s in per_sample if (v := getattr(s, metric)) is not None]
+        bound = prediction_bound(metric, values, confidence)
+        if bound is not None:
+            out[metric] = bound
+    return out
 
 
 def _resolvable(m: _Moments, unit: float, floor: float) -> bool:

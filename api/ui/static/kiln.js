@@ -86,6 +86,9 @@ function kilnUpload(url, data, csrf, progress, button, errorBox) {
       if (kind === "boolean") { if (input.checked !== input.defaultChecked) setPath(spec, path, input.checked); return; }
       const raw = input.value.trim();
       if (!raw) return;
+      // A choice left at its default inside a section (evaluation.metric) is not a request for
+      // the section: sent alone, it would make the section and ask for its required fields.
+      if (input.tagName === "SELECT" && path.includes(".") && input.selectedOptions[0] && input.selectedOptions[0].defaultSelected) return;
       if (kind === "json") {
         try { setPath(spec, path, JSON.parse(raw)); } catch (e) { throw new Error(path + " is not JSON: " + e.message); }
       } else if (kind === "integer" || kind === "number") { setPath(spec, path, Number(raw)); }
@@ -99,6 +102,8 @@ function kilnUpload(url, data, csrf, progress, button, errorBox) {
     }
     const calibration = document.getElementById("calibration");
     if (calibration && calibration.files.length) spec.calibration = calibration.files[0].name;
+    const evaluation = document.getElementById("evaluation");
+    if (evaluation && evaluation.files.length) setPath(spec, "evaluation.data", evaluation.files[0].name);
     return spec;
   }
   function guessFormat(spec) {
@@ -150,6 +155,8 @@ function kilnUpload(url, data, csrf, progress, button, errorBox) {
     data.append("spec", JSON.stringify(spec));
     const calibration = document.getElementById("calibration");
     if (calibration && calibration.files.length) data.append("calibration", calibration.files[0]);
+    const evaluation = document.getElementById("evaluation");
+    if (evaluation && evaluation.files.length) data.append("evaluation", evaluation.files[0]);
     kilnUpload("/compile", data, csrf, progress, button, errorBox);
   });
 })();

@@ -242,6 +242,7 @@ class Client:
         spec: Any,
         calibration: str | os.PathLike[str] | None = None,
         *,
+        evaluation: str | os.PathLike[str] | None = None,
         wait: bool = True,
         timeout: float | None = None,
         cache: bool = True,
@@ -253,6 +254,9 @@ class Client:
         checkpoint, Paddle model), which is packed into a tar first; the upload streams from
         disk. ``spec``: a dict, JSON text, or a CompileSpec. ``calibration``: an ``.npz``
         keyed by input name (samples on axis 0) or whole feeds keyed ``<sample>/<input>``.
+        ``evaluation``: the labelled ``.npz`` the spec's ``evaluation`` scores (the inputs as in
+        ``calibration``, plus ``labels``); the spec needs ``evaluation`` (metric, ``max_drop``),
+        and each target's ``evaluation`` then holds the source's and the artifact's scores.
         ``timeout``: seconds to wait for the job (``TIMEOUT`` after).
         ``idempotency_key``: one is made when not given, so a submit retried after a dropped
         connection returns the first job instead of making a second. Refusals (bad spec,
@@ -260,7 +264,8 @@ class Client:
         ``job.ok`` or call ``job.raise_for_failure()``.
         """
         parts = {"spec": _spec_text(spec)}
-        return self._submit("/compile", model_path, parts, calibration, wait, timeout, cache, idempotency_key)
+        uploads = {"calibration": calibration, "evaluation": evaluation}
+        return self._submit("/compile", model_path, parts, uploads, wait, timeout, cache, idempotency_key)
 
     def tune(
         self,
@@ -269,6 +274,7 @@ class Client:
         spec: Any = None,
         calibration: str | os.PathLike[str] | None = None,
         *,
+        evaluation: str | os.PathLike[str] | None = None,
         wait: bool = True,
         timeout: float | None = None,
         cache: bool = True,
@@ -281,38 +287,41 @@ class Client:
         defaults). ``spec``: the compile settings every candidate shares (inputs,
         tolerances, ``name`` to publish under). The ended job's ``tune`` is the report
         (candidates, ``recommendation`` with runner-up and margin, profiles); its ``tune``
-        target is the recommended artifact (``job.download("tune", ...)``). The rest as
-        :meth:`compile`; ``cache=False`` measures again where an identical tune ran before.
+        target is the recommended artifact (``job.download("tune", ...)``). With ``evaluation``
+        (and the spec's ``evaluation``) a candidate that loses more than ``max_drop`` is out of
+        the running: the recommendation meets the accuracy floor. The rest as :meth:`compile`; ``cache=False`` measures again where an identical tune ran before.
         """
         parts = {"tune": json.dumps(dict(tune or {}))}
         if spec is not None:
             parts["spec"] = _spec_text(spec)
-        return self._submit("/tune", model_path, parts, calibration, wait, timeout, cache, idempotency_key)
+        uploads = {"calibration": calibration, "evaluation": evaluation}
+        return self._submit("/tune", model_path, parts, uploads, wait, timeout, cache, idempotency_key)
 
     def _submit(
         self,
         route: str,
         model_path: str | os.PathLike[str],
         fields: dict[str, str],
-        calibration: str | os.PathLike[str] | None,
+        uploads: Mapping[str, str | os.PathLike[str] | None],
         wait: bool,
         timeout: float | None,
         cache: bool,
         idempotency_key: str | None,
     ) -> Job:
-        """POST the model, the JSON ``fields`` and the calibration file to ``route``; return the job."""
+        """POST the model, the JSON ``fields`` and the data files (calibration, evaluation) to ``route``; return the job."""
         key = idempotency_key or uuid.uuid4().hex
-        calib = Path(calibration) if calibration is not None else None
-        if calib is not None and not calib.is_file():
-            raise KilnError("SOURCE_UNREADABLE", f"{calib} is not a file", "Give the path of the calibration .npz.")
+        data = {part: Path(path) for part, path in uploads.items() if path is not None}
+        for part, path in data.items():
+            if not path.is_file():
+                raise KilnError("SOURCE_UNREADABLE", f"{path} is not a file", f"Give the path of the {part} .npz.")
         with _upload_path(Path(model_path)) as upload:
 
             def parts() -> dict[str, Any]:
                 files: dict[str, Any] = {"model": (upload.name, open(upload, "rb"), "application/octet-stream")}
                 for name, text in fields.items():
                     files[name] = (None, text, "application/json")
-                if calib is not None:
-                    files["calibration"] = (calib.name, open(calib, "rb"), "application/octet-stream")
+                for part, path in data.items():
+                    files[part] = (path.name, open(path, "rb"), "application/octet-stream")
                 return {"files": files}
 
             response = self.http.request(

@@ -128,6 +128,8 @@ class Target:
     steps: list[str] = field(default_factory=list)
     error: ErrorInfo | None = None
     parity: dict[str, Any] | None = None
+    #: the spec's evaluation: metric, the source's and the artifact's scores, drop, max_drop, passed
+    evaluation: dict[str, Any] | None = None
     benchmark: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     vs_fp32: dict[str, Any] | None = None
@@ -151,6 +153,7 @@ class Target:
             steps=list(body.get("steps") or []),
             error=ErrorInfo.from_dict(body.get("error")),
             parity=body.get("parity"),
+            evaluation=body.get("evaluation"),
             benchmark=list(body.get("benchmark") or []),
             warnings=list(body.get("warnings") or []),
             vs_fp32=body.get("vs_fp32"),
