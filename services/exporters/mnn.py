@@ -353,12 +353,21 @@ def version_readme(name: str, runtime: dict[str, Any], specs: dict[str, list[dic
     )
 
 
+def _stored_specs(path: Path) -> dict[str, list[dict[str, Any]]]:
+    """Return the signature a .mnn file stores (a Caffe source has no ONNX signature to give)."""
+    from services.runners.mnn import MnnRunner
+
+    runner = MnnRunner(path)
+    return {"inputs": [t.to_dict() for t in runner.inputs], "outputs": [t.to_dict() for t in runner.outputs]}
+
+
 def _finish(
     ctx: StepContext, precision: Precision, details: dict[str, Any], warnings: list[str], **kw: Any
 ) -> Artifact:
     runtime_precision = "low" if precision is Precision.FP16 else "high"
     details["runtime"] = {"backend": "CPU", "precision": runtime_precision, "rearrange": True}
-    (ctx.out_dir / README).write_text(version_readme(ctx.spec.name or "model", details["runtime"], kw["specs"]))
+    readme_specs = kw["specs"] or _stored_specs(ctx.out_dir / MODEL_FILE)
+    (ctx.out_dir / README).write_text(version_readme(ctx.spec.name or "model", details["runtime"], readme_specs))
     return finish_export(
         ctx,
         fmt=Format("mnn"),
