@@ -78,7 +78,10 @@ def test_int8_with_calibration_file_and_cache(
     first = _compile(cnn_onnx, store, repository, "int8", calibration=str(calib))
     assert first.targets["onnxruntime"].status == "succeeded"
     assert first.targets["onnxruntime"].parity["inputs_from"] == "calibration"
-    assert first.targets["onnxruntime"].parity["samples_per_shape"][0] == 3  # rows 3, 7, 11 held out for parity
+    # Rows 3, 7, 11 are held out for parity; 5 more are made from the rows to reach min_unseen_samples (8).
+    evidence = first.targets["onnxruntime"].parity["evidence"]
+    assert (evidence["real"], evidence["synthesized"], evidence["unseen"]) == (3, 5, 8), evidence
+    assert first.targets["onnxruntime"].parity["samples_per_shape"][0] == 8
     manifest = json.loads((repo_dir / "triton" / "m" / "1" / "kiln-manifest.json").read_text())
     assert manifest["engine_details"]["int8"]["calibration_data"] == "calibration file"
     assert manifest["engine_details"]["int8"]["samples"] == 9

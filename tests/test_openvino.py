@@ -153,9 +153,10 @@ def test_int8_with_calibration_file(cnn_onnx: Path, tmp_path: Path, store, repos
     )
     target = result.targets["openvino"]
     assert target.status == "succeeded", target.error
-    assert (
-        target.parity["inputs_from"] == "calibration" and target.parity["samples_per_shape"][0] == 3
-    )  # rows 3, 7, 11 held out for parity
+    assert target.parity["inputs_from"] == "calibration" and target.parity["samples_per_shape"][0] == 8
+    # Rows 3, 7, 11 are held out for parity; 5 more are made from the rows to reach min_unseen_samples (8).
+    evidence = target.parity["evidence"]
+    assert (evidence["real"], evidence["synthesized"], evidence["unseen"]) == (3, 5, 8), evidence
     manifest = json.loads((repo_dir / "triton" / "m" / "1" / "kiln-manifest.json").read_text())
     assert manifest["engine_details"]["int8"]["calibration_data"] == "calibration file"
     assert manifest["engine_details"]["int8"]["subset_size"] == 9  # the other 9 rows calibrate

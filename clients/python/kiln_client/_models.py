@@ -137,6 +137,8 @@ class Target:
     artifact_uri: str | None = None
     download_url: str | None = None
     attempts: list[dict[str, Any]] = field(default_factory=list)
+    #: a GPU-bound target: checked_on ("gpu" with the device, its parity and benchmark there, or "cpu")
+    device_check: dict[str, Any] | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -161,6 +163,7 @@ class Target:
             artifact_uri=body.get("artifact_uri"),
             download_url=body.get("download_url"),
             attempts=list(body.get("attempts") or []),
+            device_check=body.get("device_check"),
             raw=body,
         )
 
