@@ -38,6 +38,7 @@ LOCAL_TARGET_KEYS = (
     "artifact",
     "warnings",
     "attempts",
+    "device_check",
 )
 
 
