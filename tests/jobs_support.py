@@ -97,10 +97,16 @@ def create_pg_database(prefix: str) -> str:
 
 
 @cache
-def migrated_pg() -> str:
+def migrated_pg(*, own: bool = False) -> str:
+    """Return the session's migrated PostgreSQL database, or with ``own`` a new one for this caller.
+
+    The session's database keeps every earlier test's jobs, some left running by workers those
+    tests killed; they count against the default tenant's running quota (4), so a test that
+    needs its jobs to start whatever ran before takes a database of its own.
+    """
     from services.jobs.migrate import upgrade
 
-    url = pg_database()
+    url = create_pg_database("kiln_test") if own else pg_database()
     upgrade(url)
     return url
 

@@ -312,7 +312,7 @@ def test_the_service_runs_a_mindir_job_on_the_mindspore_worker(cnn_mindir: Path,
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     env = {
-        "database_url": migrated_pg(),
+        "database_url": migrated_pg(own=True),  # no earlier test's running jobs to wait behind
         "broker_url": redis_url(),
         "repository": str(tmp_path / "repo"),
         "artifact_store": str(tmp_path / "store"),

@@ -32,12 +32,13 @@ OLD_PUBLISH = "services.repository.step:run_publish_step"
 def test_step_names_come_from_the_descriptors() -> None:
     names = step_functions()
     reg = registry()
-    assert set(names) == {"reference", "optimize", "publish"} | {f"convert:{c}" for c in reg.converters} | {
+    assert set(names) == {"reference", "optimize", "publish", "check"} | {f"convert:{c}" for c in reg.converters} | {
         f"export:{t}" for t in reg.targets
     }
     assert names["reference"] == REFERENCE_ENTRY == "services.pipeline.reference:run_reference_step"
     assert names["optimize"] == OPTIMIZE_ENTRY == "services.passes.step:run_optimize_step"
     assert names["publish"] == PUBLISH_ENTRY == "services.pipeline.publish:run_publish_step"
+    assert names["check"] == "services.exporters.device_check:run_device_check"  # a GPU-bound target's check
     assert names["export:onnxruntime"] == "services.exporters.onnxruntime:export_onnxruntime"
     assert load_entry("export:onnxruntime").__name__ == "export_onnxruntime"
     assert load_entry("publish") is run_publish_step
