@@ -46,6 +46,14 @@ class TvmOptions(BaseModel):
             "the spec's inputs shape (or opt). Kernels tuned by earlier jobs on the same CPU are reused."
         ),
     )
+    fast_math: bool = Field(
+        default=True,
+        description=(
+            "Compute exp, erf, tanh and softmax with TVM's fast approximations (vectorised polynomials, float32; "
+            "measured max abs error ~1e-6 on a transformer block, which parity checks as always); false: the exact "
+            "functions, one libm call per element."
+        ),
+    )
     tuning_seconds: int = Field(
         default=DEFAULT_TUNING_SECONDS,
         ge=10,

@@ -55,7 +55,14 @@ def version_readme(name_hint: str, details: dict[str, object], versions: dict[st
         "",
         "Inputs and outputs are float32 at every precision (fp16 computes inside).",
         "",
+        "TVM's runtime sizes its CPU thread pool at half the logical CPUs on x86 (it assumes two hyper-threads "
+        "per core) unless `TVM_NUM_THREADS` says otherwise, and cannot grow it later: set `TVM_NUM_THREADS` to the "
+        f"physical cores the process may use before the first call (Kiln checked and timed this library with "
+        f"{details.get('threads', '?')}).",
+        "",
         "```python",
+        "import os",
+        'os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))  # one per core without hyper-threads',
         "import json, numpy as np, tvm",
         "from tvm import relax",
         "",

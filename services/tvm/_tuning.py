@@ -142,14 +142,15 @@ def tuning_store() -> Path:
 
 
 def _task_key(task: Any, target: Any) -> str:
-    """Return a task's content key: its kernel (structurally hashed), the target, TVM's version."""
+    """Return a task's content key: its kernel (structurally hashed), the target, the threads it is
+    timed on (the best schedule for one thread is not the best for two), TVM's version."""
     import hashlib
 
     import tvm
     import tvm_ffi
 
     kernel = tvm_ffi.structural_hash(task.dispatched[0])
-    text = f"{tvm.__version__}|{target}|{kernel}"
+    text = f"{tvm.__version__}|{target}|threads={os.environ.get('TVM_NUM_THREADS', '')}|{kernel}"
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
