@@ -154,3 +154,43 @@ def test_grouped_convolutions_keep_nchw(tmp_path: Path) -> None:
     path = _conv_onnx(tmp_path / "grouped.onnx", groups=2)
     base, _ = _relax_module(onnx.load(str(path)), {"input": [1, 4, 16, 16]}, False)
     assert _conv_layouts(_channels_last(base, lambda _m: None)) == ["NCHW/OIHW", "NCHW/OIHW"]
+
+
+def test_runner_feeds_and_returns_any_layout_by_copy(tmp_path: Path) -> None:
+    """The runner hands TVM aligned copies and returns copies: an output that is the input itself
+    (Identity) comes back as a new array, and feeds in any layout or byte order are read right."""
+    from onnx import TensorProto, helper
+
+    from services.formats import Format
+    from services.runners import open_runner
+
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"]), helper.make_node("Not", ["mask"], ["flipped"])],
+        "identity",
+        [
+            helper.make_tensor_value_info("x", TensorProto.INT32, [2, 3]),
+            helper.make_tensor_value_info("mask", TensorProto.BOOL, [2]),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.INT32, [2, 3]),
+            helper.make_tensor_value_info("flipped", TensorProto.BOOL, [2]),
+        ],
+    )
+    path = tmp_path / "identity.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    out = tmp_path / "lib"
+    out.mkdir()
+    build_libraries(path, out, fp16=False, options=TvmOptions(), spec_inputs={}, scratch=tmp_path / "scratch")
+    runner = open_runner(Format("tvm_library"), out / "model.so")
+    try:
+        x = np.arange(12, dtype=">i4").reshape(2, 6)[:, ::2]  # big-endian and strided
+        mask = np.array([True, False])
+        first = runner.run({"x": x, "mask": mask})
+        np.testing.assert_array_equal(first["y"], x)
+        np.testing.assert_array_equal(first["flipped"], [False, True])
+        first["y"][...] = -1  # the caller owns what it got back
+        again = runner.run({"x": x, "mask": mask})
+        np.testing.assert_array_equal(again["y"], x)
+        assert x[0, 1] == 2 and again["y"].dtype == np.int32
+    finally:
+        runner.close()
