@@ -62,7 +62,7 @@ def version_readme(name_hint: str, details: dict[str, object], versions: dict[st
         "",
         "```python",
         "import os",
-        'os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))  # one per core without hyper-threads',
+        'os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))  # logical CPUs: halve it where cores have two hyper-threads',
         "import json, numpy as np, tvm",
         "from tvm import relax",
         "",

@@ -144,7 +144,7 @@ def _channels_last(mod: Any, progress: Callable[[str], None]) -> Any:
     """Return ``mod`` with its 2-D convolutions in NHWC/HWIO, the layout MetaSchedule tunes best here.
 
     In NCHW the innermost loop MetaSchedule vectorises runs along a row of pixels; channels last
-    it runs along output channels, which every convolution has in multiples of the vector width.
+    it runs along output channels, which convolutions mostly have in multiples of the vector width.
     Measured on the medium CNN at 300 trials: its convolutions 1.3-2x faster than tuned NCHW
     (docs/benchmarks.md). The input's transpose stays in ``main``; the weights' moves into
     ``main_transform_params``, run once at export. Grouped convolutions keep NCHW (TVM's NHWC
