@@ -121,12 +121,11 @@ def main() -> int:
                     cos /= float(np.linalg.norm(got[out_name]) * np.linalg.norm(value)) or 1.0
                     assert cos > 0.999, f"{label} {key}: cosine {cos}"
             blocks = _time_in_blocks(runners, feed, args.rounds, args.seconds)
-            p50 = {k: float(np.median(v)) for k, v in blocks.items()}
             cells = [_cell(blocks, k) if k in blocks else "-" for k in ("fp32", "fp16", "tuned")]
             untuned = f"{builds['fp32']:.1f}" if "fp32" in builds else "-"
             tuning = json.loads((folder / "tuned" / "tuning.json").read_text())
             print(
-                f"| {label} | {p50['ort']:.3f} | "
+                f"| {label} | {float(np.median(blocks['ort'])):.3f} | "
                 + " | ".join(cells)
                 + f" | {untuned} / {builds['tuned']:.1f} | {tuning.get('cost_model')}, {tuning.get('reused')} of "
                 f"{tuning.get('tasks')} kernels reused, kept {tuning.get('speed_check', {}).get('kept')} |",

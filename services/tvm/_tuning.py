@@ -21,6 +21,7 @@ from types import FrameType
 from typing import Any
 
 from services.errors import ConversionFailed
+from services.tvm.host import configure_threads
 
 __all__ = ["tune_module"]
 
@@ -150,7 +151,7 @@ def _task_key(task: Any, target: Any) -> str:
     import tvm_ffi
 
     kernel = tvm_ffi.structural_hash(task.dispatched[0])
-    text = f"{tvm.__version__}|{target}|threads={os.environ.get('TVM_NUM_THREADS', '')}|{kernel}"
+    text = f"{tvm.__version__}|{target}|threads={configure_threads()}|{kernel}"
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
