@@ -58,7 +58,7 @@ def version_readme(name_hint: str, details: dict[str, object], versions: dict[st
         "TVM's runtime sizes its CPU thread pool at half the logical CPUs on x86 (it assumes two hyper-threads "
         "per core) unless `TVM_NUM_THREADS` says otherwise, and cannot grow it later: set `TVM_NUM_THREADS` to the "
         f"physical cores the process may use before the first call (Kiln checked and timed this library with "
-        f"{details.get('threads', '?')}).",
+        f"{details.get('threads', '?')} threads).",
         "",
         "```python",
         "import os",
